@@ -1,0 +1,5 @@
+import sys
+
+from egressd.cli import main
+
+sys.exit(main())

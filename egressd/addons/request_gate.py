@@ -1,0 +1,58 @@
+"""Steps 8-11 for every request inside a tunnel: SNI, Host/:authority, framing, method, path, upgrades.
+Redirects need nothing here: they go back to the client untouched, and its next request comes through here."""
+
+import time
+
+from mitmproxy import http
+
+from egressd.addons._flows import refuse
+from egressd.decision import RequestFacts, decide_request
+from egressd.reasons import Decision, Reason, deny
+from egressd.service import Service
+from egressd.tunnels import Tunnel
+
+
+def request_facts(flow: http.HTTPFlow) -> RequestFacts:
+    headers = flow.request.headers
+    return RequestFacts(
+        method=flow.request.method,
+        path=flow.request.path,
+        authority=flow.request.authority,
+        host_headers=tuple(headers.get_all("host")),
+        sni=flow.client_conn.sni,
+        content_lengths=tuple(headers.get_all("content-length")),
+        transfer_encoding="transfer-encoding" in headers,
+        upgrade=", ".join(headers.get_all("upgrade")),
+        http2_settings="http2-settings" in headers,
+    )
+
+
+class RequestGate:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        tunnel = self.service.tunnels.get(flow.client_conn.id)
+        if tunnel is None or flow.response is not None:
+            return
+        decision = self._decide(tunnel, flow)
+        if not decision.allowed:
+            assert decision.reason is not None
+            refuse(self.service.audit, flow, decision, tunnel.subject, "request",
+                   method=flow.request.method, path=flow.request.path.partition("?")[0],
+                   status=decision.reason.status, request_bytes=0, response_bytes=0,
+                   duration_ms=round((time.time() - flow.request.timestamp_start) * 1000, 3))
+            return
+        flow.metadata["egressd.tunnel"] = tunnel
+
+    def _decide(self, tunnel: Tunnel, flow: http.HTTPFlow) -> Decision:
+        if tunnel.upstream_tls_error is not None:
+            return deny(Reason.UPSTREAM_ERROR,
+                        f"TLS with {tunnel.target.host} failed: {tunnel.upstream_tls_error}")
+        refused = tunnel.run.refusal(time.time())
+        if refused is not None:
+            return deny(refused, f"run {tunnel.run.run_id} is no longer active")
+        policy = self.service.policy_of(tunnel.run)
+        if isinstance(policy, Decision):
+            return policy
+        return decide_request(tunnel.target, request_facts(flow))

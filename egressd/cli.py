@@ -1,0 +1,168 @@
+"""The `egressd` command line (a contract: words, flags and JSON output are what scripts are written against)."""
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from egressd import __version__
+from egressd.ca import CERT, CAError
+from egressd.config import Config, ConfigError, load_config
+from egressd.control import ControlError, call
+from egressd.policy import PolicyError, parse_policy
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(Path(args.config) if args.config else None)
+
+
+def _control(args: argparse.Namespace, request: dict[str, object]) -> object:
+    config = _config(args)
+    return call(config.path(config.control.socket), request)
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, ensure_ascii=False))
+
+
+def _policy_ref(text: str) -> tuple[str, int | None]:
+    name, sep, version = text.partition("@")
+    if not sep:
+        return name, None
+    if not version.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: the version after '@' must be a number")
+    return name, int(version)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from egressd.daemon import StartupError, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+    config = _config(args)
+    try:
+        return asyncio.run(serve(config))
+    except (StartupError, CAError) as err:
+        print(f"egressd: {err}", file=sys.stderr)
+        return 1
+
+
+def cmd_ca_cert(args: argparse.Namespace) -> int:
+    config = _config(args)
+    path = config.path(config.paths.ca) / CERT
+    try:
+        sys.stdout.write(path.read_text())
+    except OSError:
+        print(f"egressd: no CA certificate at {path}; `egressd serve` makes the CA on first start",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    failed = False
+    for file in args.files:
+        try:
+            policy = parse_policy(Path(file).read_text(encoding="utf-8"), file)
+        except PolicyError as err:
+            print(err, file=sys.stderr)
+            failed = True
+        except (OSError, UnicodeDecodeError) as err:
+            print(f"{file}: cannot read: {err}", file=sys.stderr)
+            failed = True
+        else:
+            print(f"{file}: ok: {policy.label} sha256 {policy.sha256}")
+    return 1 if failed else 0
+
+
+def cmd_policy_reload(args: argparse.Namespace) -> int:
+    result = _control(args, {"op": "reload"})
+    assert isinstance(result, dict)
+    for problem in result["problems"]:
+        print(problem, file=sys.stderr)
+    if result["ok"]:
+        print("reloaded: " + ", ".join(result["loaded"]))
+        return 0
+    print("policies NOT reloaded; still serving: " + ", ".join(result["loaded"]), file=sys.stderr)
+    return 1
+
+
+def cmd_policy_explain(args: argparse.Namespace) -> int:
+    name, version = args.policy
+    _print_json(_control(args, {"op": "explain", "policy": name, "version": version,
+                                "method": args.method, "url": args.url}))
+    return 0
+
+
+def cmd_token_mint(args: argparse.Namespace) -> int:
+    _print_json(_control(args, {"op": "mint", "policy": args.policy, "version": args.version,
+                                "ttl": args.ttl, "label": args.label}))
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    _print_json(_control(args, {"op": "revoke", "run_id": args.run_id}))
+    return 0
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    result = _control(args, {"op": "list"})
+    assert isinstance(result, list)
+    for run in result:
+        _print_json(run)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="egressd", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"egressd {__version__}")
+    words = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def leaf(parent: argparse._SubParsersAction, name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        sub = parent.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--config", metavar="FILE", help="config file (TOML); default: built-in defaults")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    leaf(words, "serve", cmd_serve, "run the proxy")
+
+    ca = words.add_parser("ca", help="the CA").add_subparsers(dest="ca_command", required=True, metavar="WORD")
+    leaf(ca, "cert", cmd_ca_cert, "print the CA certificate (PEM) that clients must trust")
+
+    policy = words.add_parser("policy", help="policies").add_subparsers(dest="policy_command", required=True,
+                                                                         metavar="WORD")
+    check = leaf(policy, "check", cmd_policy_check, "check policy files; exit 1 with precise errors")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    leaf(policy, "reload", cmd_policy_reload, "reload the daemon's policies (all or nothing)")
+    explain = leaf(policy, "explain", cmd_policy_explain,
+                   "the decision the live gate would give a request (resolves DNS, sends nothing upstream)")
+    explain.add_argument("--policy", required=True, type=_policy_ref, metavar="NAME[@VERSION]")
+    explain.add_argument("method", metavar="METHOD")
+    explain.add_argument("url", metavar="URL")
+
+    token = words.add_parser("token", help="runs and their tokens").add_subparsers(dest="token_command",
+                                                                                   required=True, metavar="WORD")
+    mint = leaf(token, "mint", cmd_token_mint, "mint a run and its proxy token (printed once, as JSON)")
+    mint.add_argument("--policy", required=True, metavar="NAME")
+    mint.add_argument("--version", type=int, metavar="N", help="policy version; default: the highest loaded")
+    mint.add_argument("--ttl", type=float, metavar="SECONDS", help="lifetime; default 3600")
+    mint.add_argument("--label", default="", metavar="TEXT")
+    revoke = leaf(token, "revoke", cmd_token_revoke, "revoke a run; its tunnels close within a second")
+    revoke.add_argument("run_id", metavar="RUN_ID")
+    leaf(token, "list", cmd_token_list, "list runs as JSON lines (never tokens)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ConfigError, ControlError) as err:
+        print(f"egressd: {err}", file=sys.stderr)
+        return 1 if isinstance(err, ControlError) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

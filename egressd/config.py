@@ -1,0 +1,174 @@
+"""The daemon's configuration: a TOML file where every key is optional and unknown keys are refused."""
+
+import ipaddress
+import tomllib
+from pathlib import Path
+from typing import Annotated, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from egressd.addresses import parse_cidrs
+
+DEFAULT_CONFIG_NAME = "egressd.toml"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file, the key's path and why."""
+
+
+def parse_hostport(value: str, default_port: int | None) -> tuple[str, int]:
+    """'IP', 'IP:PORT' or '[IPv6]:PORT' → (ip, port); only IP literals, so nothing here needs DNS."""
+    host, port = value, default_port
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"{value!r} is not IP, IP:PORT or [IPv6]:PORT")
+        if rest:
+            port = _port(rest[1:], value)
+    elif value.count(":") == 1:
+        host, _, port_text = value.partition(":")
+        port = _port(port_text, value)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{value!r} does not start with an IP address") from None
+    if port is None:
+        raise ValueError(f"{value!r} has no port")
+    return str(ip), port
+
+
+def _port(text: str, value: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(f"{value!r} has no valid port (1-65535)")
+    return int(text)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ProxyConfig(_Section):
+    listen: Annotated[list[str], Field(min_length=1)] = ["127.0.0.1:3128"]
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, values: list[str]) -> list[str]:
+        for value in values:
+            parse_hostport(value, None)
+        return values
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        return [parse_hostport(value, None) for value in self.listen]
+
+
+class ControlConfig(_Section):
+    socket: str = "var/control.sock"
+
+
+class PathsConfig(_Section):
+    policies: str = "policies"
+    ca: str = "ca"
+    state: str = "var"
+    audit_log: str = "var/audit.jsonl"
+
+
+class DnsConfig(_Section):
+    servers: list[str] = []
+    timeout: Annotated[float, Field(gt=0, le=60)] = 2.0
+    min_ttl: Annotated[int, Field(ge=0)] = 5
+    max_ttl: Annotated[int, Field(ge=0)] = 300
+
+    @field_validator("servers")
+    @classmethod
+    def _servers(cls, values: list[str]) -> list[str]:
+        for value in values:
+            parse_hostport(value, 53)
+        return values
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _int_is_float(cls, value: object) -> object:
+        return float(value) if type(value) is int else value
+
+    @model_validator(mode="after")
+    def _ttl_order(self) -> Self:
+        if self.min_ttl > self.max_ttl:
+            raise ValueError(f"min_ttl ({self.min_ttl}) is greater than max_ttl ({self.max_ttl})")
+        return self
+
+    @property
+    def server_addresses(self) -> list[tuple[str, int]]:
+        return [parse_hostport(value, 53) for value in self.servers]
+
+
+class UpstreamConfig(_Section):
+    ca_file: str = ""
+    connect_timeout: Annotated[float, Field(gt=0, le=300)] = 10.0
+    allow_cidrs: list[str] = []
+
+    @field_validator("connect_timeout", mode="before")
+    @classmethod
+    def _int_is_float(cls, value: object) -> object:
+        return float(value) if type(value) is int else value
+
+    @field_validator("allow_cidrs")
+    @classmethod
+    def _cidrs(cls, values: list[str]) -> list[str]:
+        parse_cidrs(values)
+        return values
+
+    @property
+    def allowed_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return parse_cidrs(self.allow_cidrs)
+
+
+class Config(_Section):
+    proxy: ProxyConfig = ProxyConfig()
+    control: ControlConfig = ControlConfig()
+    paths: PathsConfig = PathsConfig()
+    dns: DnsConfig = DnsConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    # Relative paths in the file are relative to the file's own directory (the working directory without one).
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    def path(self, value: str) -> Path:
+        return (self.base_dir / value).resolve() if value else Path()
+
+    @property
+    def audit_to_stdout(self) -> bool:
+        return self.paths.audit_log == "-"
+
+
+def _error_text(source: str, err: ValidationError) -> str:
+    lines = []
+    for problem in err.errors():
+        where = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        why = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            why = "unknown key"
+        lines.append(f"{source}: {where}: {why}")
+    return "\n".join(lines)
+
+
+def parse_config(text: str, source: str, base_dir: Path) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{source}: not valid TOML: {err}") from None
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_error_text(source, err)) from None
+    return config.model_copy(update={"base_dir": base_dir})
+
+
+def load_config(path: Path | None) -> Config:
+    """The config from `path`; without one, the defaults relative to the working directory."""
+    if path is None:
+        return Config(base_dir=Path.cwd())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
+    return parse_config(text, str(path), path.resolve().parent)

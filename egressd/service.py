@@ -1,0 +1,186 @@
+"""The daemon's shared state and the operations on it: authenticate, check a target, mint, revoke, list,
+reload, explain. The mitmproxy addons and the control socket are thin adapters over this."""
+
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from egressd.audit import AuditLog, Subject
+from egressd.config import Config
+from egressd.credentials import token_from_header
+from egressd.decision import RequestFacts, Target, decide_addresses, decide_request, decide_target
+from egressd.dns import DnsFailure, Resolver
+from egressd.policy import Policy
+from egressd.policy_store import PolicyLock, PolicyStore
+from egressd.reasons import ALLOW, Decision, Reason, deny
+from egressd.runs import Run, RunStore, rfc3339
+from egressd.tunnels import Tunnels
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL = 3600
+MAX_TTL = 30 * 24 * 3600
+
+
+class RequestError(ValueError):
+    """A control request that cannot be carried out; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetCheck:
+    decision: Decision
+    target: Target | None = None
+    addr: str | None = None
+
+
+class Service:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        state = config.path(config.paths.state)
+        state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        database = state / "egressd.db"
+        self.runs = RunStore(database)
+        self.policies = PolicyStore(config.path(config.paths.policies), PolicyLock(database))
+        self.resolver = Resolver(
+            config.dns.server_addresses, config.dns.timeout, config.dns.min_ttl, config.dns.max_ttl
+        )
+        audit_path = config.paths.audit_log
+        if audit_path != "-":
+            audit_file = config.path(audit_path)
+            audit_file.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+            audit_path = str(audit_file)
+        self.audit = AuditLog(audit_path)
+        self.allow_cidrs = config.upstream.allowed_networks
+        self.own_endpoints = [(ipaddress.ip_address(host), port) for host, port in config.proxy.addresses]
+        self.tunnels = Tunnels()
+
+    @property
+    def state_dir(self) -> Path:
+        return self.config.path(self.config.paths.state)
+
+    def close(self) -> None:
+        self.runs.close()
+        self.audit.close()
+
+    # --- the gate --------------------------------------------------------------------------------------
+
+    def authenticate(self, header: str | None) -> Run | Decision:
+        """Step 1: the run a Proxy-Authorization header value names, or why not."""
+        if not header:
+            return deny(Reason.AUTH_REQUIRED, "proxy credentials are required (the run's token)")
+        token = token_from_header(header)
+        run = self.runs.by_token(token) if token else None
+        if run is None:
+            return deny(Reason.TOKEN_INVALID, "the proxy token is not valid")
+        refused = run.refusal(time.time())
+        if refused is Reason.TOKEN_REVOKED:
+            return deny(refused, f"run {run.run_id} was revoked")
+        if refused is Reason.TOKEN_EXPIRED:
+            return deny(refused, f"run {run.run_id} expired at {rfc3339(run.expires_at)}")
+        return run
+
+    def policy_of(self, run: Run) -> Policy | Decision:
+        policy = self.policies.current.get(run.policy, run.version)
+        if policy is None or policy.sha256 != run.policy_sha256:
+            return deny(Reason.POLICY_GONE, f"policy {run.policy}@{run.version} of this run is no longer loaded")
+        return policy
+
+    async def check_target(self, policy: Policy, raw_host: str, port: int) -> TargetCheck:
+        """Steps 3-6: the target's name, port and policy, then its addresses, resolved by egressd."""
+        target = decide_target(policy, raw_host, port)
+        if isinstance(target, Decision):
+            return TargetCheck(target)
+        try:
+            resolution = await self.resolver.resolve(target.host)
+        except DnsFailure as err:
+            return TargetCheck(deny(Reason.DNS_FAILURE, str(err)), target)
+        decision = decide_addresses(target.host, resolution.addresses, self.allow_cidrs, self.own_endpoints)
+        if not decision.allowed:
+            return TargetCheck(decision, target)
+        return TargetCheck(ALLOW, target, str(resolution.addresses[0]))
+
+    # --- control operations ----------------------------------------------------------------------------
+
+    def mint(self, policy_name: str, version: int | None, ttl: float | None, label: str) -> dict[str, object]:
+        policy = self.policies.current.get(policy_name, version)
+        if policy is None:
+            wanted = policy_name if version is None else f"{policy_name}@{version}"
+            raise RequestError(f"no policy {wanted} is loaded")
+        ttl = DEFAULT_TTL if ttl is None else ttl
+        if not 0 < ttl <= MAX_TTL:
+            raise RequestError(f"ttl must be between 1 and {MAX_TTL} seconds")
+        if len(label) > 200:
+            raise RequestError("label is longer than 200 characters")
+        run, token = self.runs.mint(policy.name, policy.version, policy.sha256, ttl, label)
+        self.record_run_event("mint", run)
+        host, port = self.config.proxy.addresses[0]
+        host = f"[{host}]" if ":" in host else host
+        return {
+            "run_id": run.run_id,
+            "token": token,
+            "policy": run.policy,
+            "version": run.version,
+            "policy_sha256": run.policy_sha256,
+            "expires_at": rfc3339(run.expires_at),
+            "proxy_url": f"http://egressd:{token}@{host}:{port}",
+        }
+
+    def revoke(self, run_id: str) -> dict[str, object]:
+        before = self.runs.get(run_id)
+        if before is None:
+            raise RequestError(f"no run {run_id}")
+        run = self.runs.revoke(run_id)
+        assert run is not None
+        if before.revoked_at is None:
+            self.record_run_event("revoke", run)
+        return run.summary(time.time())
+
+    def list_runs(self) -> list[dict[str, object]]:
+        now = time.time()
+        return [run.summary(now) for run in self.runs.all()]
+
+    def reload(self) -> dict[str, object]:
+        problems = self.policies.reload()
+        for problem in problems:
+            log.error("policy reload: %s", problem)
+        loaded = sorted(policy.label for policy in self.policies.current.versions.values())
+        return {"ok": not problems, "problems": problems, "loaded": loaded}
+
+    async def explain(self, policy_name: str, version: int | None, method: str, url: str) -> dict[str, object]:
+        """The decision the live gate would give this request, resolving DNS but sending nothing upstream."""
+        policy = self.policies.current.get(policy_name, version)
+        if policy is None:
+            raise RequestError(f"no policy {policy_name}{'' if version is None else f'@{version}'} is loaded")
+        decision = await self._explain(policy, method.upper(), url)
+        return {"decision": "allow" if decision.allowed else "deny",
+                "reason": decision.reason.value if decision.reason else None,
+                "detail": decision.detail}
+
+    async def _explain(self, policy: Policy, method: str, url: str) -> Decision:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as err:
+            return deny(Reason.INVALID_HOST, f"{url!r} is not a URL: {err}")
+        if parts.scheme.lower() != "https":
+            return deny(Reason.HTTPS_ONLY, "only HTTPS is proxied")
+        raw_host = parts.hostname or ""
+        if parts.netloc.rpartition("@")[2].startswith("["):
+            raw_host = f"[{raw_host}]"
+        checked = await self.check_target(policy, raw_host, port or 443)
+        if not checked.decision.allowed or checked.target is None:
+            return checked.decision
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        facts = RequestFacts(method=method, path=path, authority=parts.netloc.rpartition("@")[2],
+                             host_headers=(), sni=checked.target.host)
+        return decide_request(checked.target, facts)
+
+    # --- audit ---------------------------------------------------------------------------------------
+
+    def record_run_event(self, what: str, run: Run) -> None:
+        subject = Subject(run_id=run.run_id, policy=run.policy, policy_version=run.version)
+        self.audit.record("run", "allow", None, subject, action=what, label=run.label,
+                          expires_at=rfc3339(run.expires_at))
