@@ -24,18 +24,13 @@ import trustme
 
 from tests.support.canary import Canary
 from tests.support.dns_server import ScriptedDNS
+from tests.support.netns import require_isolated_netns
 from tests.support.upstream import HttpsUpstream, TcpOnly, expected_bytes, make_test_ca, write_ca_pem
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _isolated_netns() -> None:
-    # /sys/class/net shows the namespace sysfs was mounted in, not ours: ask the kernel instead.
-    names = sorted(name for _index, name in socket.if_nameindex())
-    if names != ["lo"]:
-        pytest.fail(
-            f"network interfaces {names}: these tests bind 127.x on privileged ports and must run inside "
-            "an isolated network namespace with only lo; run them via scripts/test"
-        )
+    require_isolated_netns()
 
 
 @pytest.fixture(scope="module")
