@@ -1,7 +1,6 @@
 """Reading the run's token out of a Proxy-Authorization header value; no I/O."""
 
 import base64
-import binascii
 import re
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
@@ -19,7 +18,7 @@ def token_from_header(value: str | None) -> str | None:
     elif scheme == "basic":
         try:
             decoded = base64.b64decode(param, validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # binascii.Error, UnicodeDecodeError, or non-ASCII text in the header
             return None
         _, sep, token = decoded.partition(":")
         if not sep:

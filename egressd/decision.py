@@ -66,7 +66,13 @@ def decide_addresses(
 
 def _is_own_endpoint(addr: IPAddress, endpoint: tuple[IPAddress, int]) -> bool:
     listen_ip, listen_port = endpoint
-    return listen_port == HTTPS_PORT and (listen_ip == addr or listen_ip.is_unspecified)
+    # '::ffff:a.b.c.d' reaches the IPv4 listener a.b.c.d (and the other way round): compare the IPv4 forms.
+    return listen_port == HTTPS_PORT and (_unmapped(listen_ip) == _unmapped(addr) or listen_ip.is_unspecified)
+
+
+def _unmapped(addr: IPAddress) -> IPAddress:
+    mapped = addr.ipv4_mapped if isinstance(addr, ipaddress.IPv6Address) else None
+    return mapped if mapped is not None else addr
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,4 +172,7 @@ def _path_problem(path: str) -> str:
             previous, decoded = decoded, unquote(decoded)
         if decoded in (".", ".."):
             return "the path contains a dot-segment"
+        if "/" in decoded or "\\" in decoded:
+            # '%252f' is '/' to a server that decodes twice, and would split '..%252f' into a dot-segment.
+            return "the path contains an encoded '/' or backslash"
     return ""

@@ -22,12 +22,6 @@ class ConnectGate:
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         client = client_text(flow.client_conn)
         raw_host, port = flow.request.host, flow.request.port
-        tunnel = self.service.tunnels.get(flow.client_conn.id)
-        if tunnel is not None:
-            refuse(self.service.audit, flow, deny(Reason.BAD_REQUEST, "CONNECT inside a tunnel is not allowed"),
-                   tunnel.subject, "request", method="CONNECT", path=None, status=400, request_bytes=0,
-                   response_bytes=0, duration_ms=0)
-            return
         subject = Subject(client=client, host=raw_host, port=port)
         run = self._authenticate(flow, subject)
         if run is None:

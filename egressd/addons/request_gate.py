@@ -35,6 +35,12 @@ class RequestGate:
         tunnel = self.service.tunnels.get(flow.client_conn.id)
         if tunnel is None or flow.response is not None:
             return
+        if flow.error is not None:
+            # mitmproxy refused the request itself (e.g. ambiguous framing) and answers it; audit that refusal.
+            self.service.audit.record("request", "deny", Reason.BAD_REQUEST.value, tunnel.subject,
+                                      method=flow.request.method, path=flow.request.path.partition("?")[0],
+                                      status=400, request_bytes=0, response_bytes=0, duration_ms=0)
+            return
         decision = self._decide(tunnel, flow)
         if not decision.allowed:
             assert decision.reason is not None

@@ -167,7 +167,7 @@ allow_cidrs = ["127.0.0.8/29"]
             proxy = f"http://egressd:{token}@127.0.0.1:{self.proxy_port}"
         command = [curl_path(), "-sS", "-D", "-", "--max-time", str(timeout), "--proxy", proxy,
                    "--cacert", str(self.ca_cert), "--noproxy", "", *args, url]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 5)
+        done = subprocess.run(command, capture_output=True, timeout=timeout + 5)
         return _parse_curl(done)
 
     def connect(self, target: str, authorization: str | None,
@@ -248,8 +248,8 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
-def _parse_curl(done: subprocess.CompletedProcess[str]) -> CurlResult:
-    out = done.stdout
+def _parse_curl(done: subprocess.CompletedProcess[bytes]) -> CurlResult:
+    out = done.stdout.decode("utf-8", errors="replace")
     status, headers, body = 0, {}, out
     # -D - prints every response head (CONNECT's, then the request's); the last one is the answer.
     while out.startswith("HTTP/"):
@@ -261,4 +261,4 @@ def _parse_curl(done: subprocess.CompletedProcess[str]) -> CurlResult:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         body = out
-    return CurlResult(status, headers, body, done.returncode, done.stderr)
+    return CurlResult(status, headers, body, done.returncode, done.stderr.decode(errors="replace"))
