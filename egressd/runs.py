@@ -109,7 +109,9 @@ class RunStore:
 
     def revoke(self, run_id: str) -> Run | None:
         """Revokes a live run; returns it (revoked), or None when there is no such run."""
-        self._db.execute("UPDATE runs SET revoked_at = ? WHERE run_id = ? AND revoked_at IS NULL", (time.time(), run_id))
+        self._db.execute(
+            "UPDATE runs SET revoked_at = ? WHERE run_id = ? AND revoked_at IS NULL", (time.time(), run_id)
+        )
         return self.get(run_id)
 
     def all(self) -> list[Run]:

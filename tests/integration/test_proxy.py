@@ -165,7 +165,7 @@ def test_changed_content_under_the_same_version_is_refused(fresh_egressd: Egress
     minted = fresh_egressd.mint("test")
     sock, status, headers, _ = fresh_egressd.connect("other.example.test:443", basic(minted["token"]))
     sock.close()
-    assert headers["x-egressd-reason"] == "host_not_allowed"
+    assert (status, headers["x-egressd-reason"]) == (403, "host_not_allowed")
     assert "immutable" in fresh_egressd.log()
 
 
