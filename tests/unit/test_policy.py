@@ -145,7 +145,7 @@ def test_idn_spellings_hash_the_same() -> None:
     assert unicode.sha256 == a_label.sha256
 
 
-# --- reasons, unknown keys, names, versions ------------------------------------------------------------------
+# --- reasons, unknown keys, names, versions ------------------------------------------------------------
 
 
 def test_missing_reason_is_required() -> None:
@@ -320,7 +320,7 @@ def test_query_like_text_cannot_be_a_pattern() -> None:
     assert "is not a path pattern" in refusal(policy_text(rules=rule(extra='paths = ["/search?q=*"]')))
 
 
-# --- rules by host -------------------------------------------------------------------------------------------
+# --- rules by host --------------------------------------------------------------------------------
 
 
 def test_rules_for_prefers_allow_rules_over_open_web() -> None:
@@ -358,9 +358,28 @@ REFORMATTED = """
 description   =   'Posts the daily roast report'   # literal string
 version = 3
 name = "roastery-bot"
+
+[[allow]]
+reason = "Send the report"
+paths = ['/bot*/sendMessage']
+host = "API.Telegram.org."      # case and one trailing dot do not matter
+methods = [
+  "post",
+]
+
+[[allow]]
+methods = ["head", "GET", "get"]
+host = "api.open-meteo.com"
+reason = "  Read the forecast "
+"""
+
+INLINE = """
+name = "roastery-bot"
+version = 3
+description = "Posts the daily roast report"
 allow = [
-  { reason = "Send the report", paths = ['/bot*/sendMessage'], host = "API.Telegram.org.", methods = ["post"] },
-  { methods = ["head", "GET", "get"], host = "api.open-meteo.com", reason = "  Read the forecast " },
+  { host = "api.telegram.org", reason = "Send the report", methods = ["POST"], paths = ["/bot*/sendMessage"] },
+  { host = "api.open-meteo.com", reason = "Read the forecast", methods = ["GET", "HEAD"] },
 ]
 """
 
@@ -371,6 +390,7 @@ def test_sha256_is_stable_across_formatting_comments_and_key_order() -> None:
     assert first == second
     assert first.sha256 == second.sha256
     assert first.sha256 == parse_policy(CANONICAL, "c.toml").sha256
+    assert first.sha256 == parse_policy(INLINE, "d.toml").sha256
 
 
 @pytest.mark.parametrize(
