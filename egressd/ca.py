@@ -38,10 +38,6 @@ def ensure_ca(ca_dir: Path, common_name: str = "egressd CA") -> Path:
     return ca_dir
 
 
-def ca_cert_pem(ca_dir: Path) -> bytes:
-    return (ca_dir / CERT).read_bytes()
-
-
 def _create(ca_dir: Path, common_name: str) -> None:
     ca_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     key = ec.generate_private_key(ec.SECP256R1())

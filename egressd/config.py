@@ -135,10 +135,6 @@ class Config(_Section):
     def path(self, value: str) -> Path:
         return (self.base_dir / value).resolve() if value else Path()
 
-    @property
-    def audit_to_stdout(self) -> bool:
-        return self.paths.audit_log == "-"
-
 
 def _error_text(source: str, err: ValidationError) -> str:
     lines = []

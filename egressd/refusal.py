@@ -4,7 +4,7 @@ import json
 
 from mitmproxy import http
 
-from egressd.reasons import Decision, Reason
+from egressd.reasons import Decision
 
 
 def refusal_body(decision: Decision, host: str | None, run_id: str | None) -> dict[str, object]:
@@ -26,6 +26,3 @@ def refusal_response(decision: Decision, host: str | None, run_id: str | None) -
     body = json.dumps(refusal_body(decision, host, run_id)).encode() + b"\n"
     return http.Response.make(decision.reason.status, body, headers)
 
-
-def is_auth_refusal(reason: Reason) -> bool:
-    return reason.status == 407

@@ -39,6 +39,3 @@ class Tunnels:
 
     def clients_of(self, run_ids: set[str]) -> list[str]:
         return [client for client, tunnel in self._by_client.items() if tunnel.run.run_id in run_ids]
-
-    def __len__(self) -> int:
-        return len(self._by_client)

@@ -1,8 +1,6 @@
 """Steps 1-7 at the CONNECT: who the run is, whether its policy lets it reach the target, and where exactly
 the tunnel will lead. Also refuses anything that is not a CONNECT (plain-HTTP proxying)."""
 
-import logging
-
 from mitmproxy import connection, http
 
 from egressd.addons._flows import client_text, refuse
@@ -11,8 +9,6 @@ from egressd.reasons import Decision, Reason, deny
 from egressd.runs import Run
 from egressd.service import Service
 from egressd.tunnels import Tunnel
-
-log = logging.getLogger(__name__)
 
 
 class ConnectGate:

@@ -2,7 +2,6 @@
 TLS server name (so the certificate is verified against it), within the configured connect timeout."""
 
 import asyncio
-import logging
 
 from mitmproxy import connection
 from mitmproxy.proxy import server_hooks
@@ -10,8 +9,6 @@ from mitmproxy.tls import TlsData
 
 from egressd.decision import HTTPS_PORT
 from egressd.service import Service
-
-log = logging.getLogger(__name__)
 
 
 class UpstreamPin:
