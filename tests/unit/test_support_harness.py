@@ -1,7 +1,7 @@
 """Self-tests of the test-support servers (tests/support): DNS, HTTPS upstreams, canaries.
 
-These bind 127.0.0.x addresses on ports 53/443/80, so they run only inside the isolated network
-namespace that scripts/test sets up (nothing but ``lo``).
+These bind 127.0.1.x addresses on ports 53/443/80 (the integration fixtures hold 127.0.0.x), so they run
+only inside the isolated network namespace that scripts/test sets up (nothing but ``lo``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def ca_pem(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def upstream(ca: trustme.CA) -> Iterator[HttpsUpstream]:
-    with HttpsUpstream(ip="127.0.0.10", port=443, ca=ca, hostnames=("api.example.test",), name="up1") as up:
+    with HttpsUpstream(ip="127.0.1.10", port=443, ca=ca, hostnames=("api.example.test",), name="up1") as up:
         yield up
 
 
@@ -163,7 +163,7 @@ def test_dns_truncates_big_udp_answers_and_survives_garbage(dns_server: Scripted
 # -------------------------------------------------------------------------------------------- HTTPS
 def test_https_http11_keepalive_and_routes(upstream: HttpsUpstream, ca: trustme.CA) -> None:
     upstream.clear()
-    conn = _https(ca, "127.0.0.10", "api.example.test")
+    conn = _https(ca, "127.0.1.10", "api.example.test")
     try:
         conn.request("GET", "/x?a=1&b=2", headers={"X-Test": "yes"})
         resp = conn.getresponse()
@@ -202,7 +202,7 @@ def test_https_http11_keepalive_and_routes(upstream: HttpsUpstream, ca: trustme.
 
 def test_https_http2_with_curl(upstream: HttpsUpstream, ca_pem: Path, tmp_path: Path) -> None:
     upstream.clear()
-    resolve = ["--resolve", "api.example.test:443:127.0.0.10", "--cacert", str(ca_pem)]
+    resolve = ["--resolve", "api.example.test:443:127.0.1.10", "--cacert", str(ca_pem)]
     out = subprocess.run(
         ["curl", "-sS", "--http2", *resolve, "https://api.example.test/x?y=1"],
         capture_output=True,
@@ -224,19 +224,19 @@ def test_https_http2_with_curl(upstream: HttpsUpstream, ca_pem: Path, tmp_path: 
 
 
 def test_https_wrong_name_and_tcp_only(ca: trustme.CA, upstream: HttpsUpstream) -> None:
-    with HttpsUpstream(ip="127.0.0.12", ca=ca, hostnames=("other.test",), name="wrong") as wrong:
+    with HttpsUpstream(ip="127.0.1.12", ca=ca, hostnames=("other.test",), name="wrong") as wrong:
         with pytest.raises(ssl.SSLCertVerificationError):
-            _https(ca, "127.0.0.12", "api.example.test")
+            _https(ca, "127.0.1.12", "api.example.test")
         assert wrong.requests == []
-    with TcpOnly("127.0.0.13", 443) as tcp_only:
+    with TcpOnly("127.0.1.13", 443) as tcp_only:
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-            _https(ca, "127.0.0.13", "api.example.test")
+            _https(ca, "127.0.1.13", "api.example.test")
         assert tcp_only.accepts == 1
     # a client speaking plaintext garbage does not hurt the real upstream
     with socket.create_connection(upstream.address, timeout=2) as raw:
         raw.sendall(b"GET / HTTP/1.1\r\n\r\n")
         raw.recv(100)
-    conn = _https(ca, "127.0.0.10", "api.example.test")
+    conn = _https(ca, "127.0.1.10", "api.example.test")
     conn.request("GET", "/after-garbage")
     assert conn.getresponse().status == 200
     conn.close()
@@ -244,17 +244,17 @@ def test_https_wrong_name_and_tcp_only(ca: trustme.CA, upstream: HttpsUpstream) 
 
 # ------------------------------------------------------------------------------------------- canary
 def test_canary_records_connects_and_datagrams() -> None:
-    with Canary([("127.0.0.99", 443), ("127.0.0.99", 80)], udp_addresses=[("127.0.0.99", 53)]) as canary:
+    with Canary([("127.0.1.99", 443), ("127.0.1.99", 80)], udp_addresses=[("127.0.1.99", 53)]) as canary:
         canary.assert_untouched()
-        socket.create_connection(("127.0.0.99", 443), timeout=2).close()
-        with pytest.raises(AssertionError, match=r"tcp 127\.0\.0\.99:443 from 127\.0\.0\.1:"):
+        socket.create_connection(("127.0.1.99", 443), timeout=2).close()
+        with pytest.raises(AssertionError, match=r"tcp 127\.0\.1\.99:443 from 127\.0\.0\.1:"):
             canary.assert_untouched()
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.sendto(b"ping", ("127.0.0.99", 53))
+            udp.sendto(b"ping", ("127.0.1.99", 53))
         hits = canary.hits
         assert [(h.proto, h.address) for h in hits] == [
-            ("tcp", ("127.0.0.99", 443)),
-            ("udp", ("127.0.0.99", 53)),
+            ("tcp", ("127.0.1.99", 443)),
+            ("udp", ("127.0.1.99", 53)),
         ]
         assert hits[1].data == b"ping"
         canary.clear()
