@@ -66,7 +66,7 @@ class AuditLog:
             "addr": subject.addr,
             **extra,
         }
-        data = (json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
         try:
             written = os.write(self._fd, data)
             if written != len(data):

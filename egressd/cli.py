@@ -31,7 +31,7 @@ def _policy_ref(text: str) -> tuple[str, int | None]:
     name, sep, version = text.partition("@")
     if not sep:
         return name, None
-    if not version.isdigit():
+    if not (version.isascii() and version.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r}: the version after '@' must be a number")
     return name, int(version)
 

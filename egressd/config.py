@@ -5,7 +5,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from egressd.addresses import parse_cidrs
 
@@ -38,7 +38,7 @@ def parse_hostport(value: str, default_port: int | None) -> tuple[str, int]:
 
 
 def _port(text: str, value: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
         raise ValueError(f"{value!r} has no valid port (1-65535)")
     return int(text)
 
@@ -130,7 +130,11 @@ class Config(_Section):
     dns: DnsConfig = DnsConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     # Relative paths in the file are relative to the file's own directory (the working directory without one).
-    base_dir: Path = Field(default=Path("."), exclude=True)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
 
     def path(self, value: str) -> Path:
         return (self.base_dir / value).resolve() if value else Path()
@@ -156,13 +160,14 @@ def parse_config(text: str, source: str, base_dir: Path) -> Config:
         config = Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_error_text(source, err)) from None
-    return config.model_copy(update={"base_dir": base_dir})
+    config._base_dir = base_dir
+    return config
 
 
 def load_config(path: Path | None) -> Config:
     """The config from `path`; without one, the defaults relative to the working directory."""
     if path is None:
-        return Config(base_dir=Path.cwd())
+        return Config()
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:

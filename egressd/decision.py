@@ -143,7 +143,7 @@ def _framing_problem(facts: RequestFacts) -> str:
         return "CONNECT inside a tunnel is not allowed"
     if len(facts.content_lengths) > 1:
         return "more than one Content-Length header"
-    if facts.content_lengths and not facts.content_lengths[0].strip().isdigit():
+    if facts.content_lengths and not _is_ascii_number(facts.content_lengths[0].strip()):
         return "Content-Length is not a number"
     if facts.content_lengths and facts.transfer_encoding:
         return "both Content-Length and Transfer-Encoding"
@@ -157,6 +157,10 @@ def _framing_problem(facts: RequestFacts) -> str:
     return ""
 
 
+def _is_ascii_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def _path_problem(path: str) -> str:
     if not path.startswith("/"):
         return f"the path {path!r} does not start with '/'"
@@ -168,9 +172,14 @@ def _path_problem(path: str) -> str:
     for segment in path.split("/"):
         # Decode repeatedly: '%252e' is '.' to a server that decodes twice.
         decoded, previous = segment, None
-        while decoded != previous and "%" in decoded:
-            previous, decoded = decoded, unquote(decoded)
-        if decoded in (".", ".."):
+        try:
+            while decoded != previous and "%" in decoded:
+                previous, decoded = decoded, unquote(decoded, errors="strict")
+        except UnicodeDecodeError:
+            # Overlong or broken UTF-8 ('%c0%ae') is '.' to some servers.
+            return "the path contains percent-encoding that is not valid UTF-8"
+        # Some servers ignore ';parameters' in a segment ('..;' is '..' to Tomcat).
+        if decoded.partition(";")[0] in (".", ".."):
             return "the path contains a dot-segment"
         if "/" in decoded or "\\" in decoded:
             # '%252f' is '/' to a server that decodes twice, and would split '..%252f' into a dot-segment.

@@ -11,6 +11,7 @@ import dns.asyncresolver
 import dns.exception
 import dns.message
 import dns.name
+import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
@@ -41,8 +42,7 @@ class Resolver:
     ) -> None:
         self._resolver = dns.asyncresolver.Resolver(configure=not servers)
         if servers:
-            self._resolver.nameservers = [server for server, _ in servers]
-            self._resolver.nameserver_ports = {server: port for server, port in servers}
+            self._resolver.nameservers = [dns.nameserver.Do53Nameserver(ip, port) for ip, port in servers]
         self._resolver.cache = None  # egressd keeps its own cache with its own TTL bounds
         self._timeout = timeout
         self._min_ttl, self._max_ttl = min_ttl, max_ttl

@@ -69,6 +69,8 @@ def read_policy_files(directory: Path) -> tuple[list[Policy], list[str]]:
     """Every *.toml in the directory, parsed; with one problem line per error ('file: field: why')."""
     policies: list[Policy] = []
     problems: list[str] = []
+    if not directory.is_dir():
+        return [], [f"{directory}: the policies directory does not exist"]
     try:
         files = sorted(directory.glob("*.toml"))
     except OSError as err:

@@ -455,6 +455,10 @@ def test_path_not_allowed(method: str, path: str) -> None:
         "/repos/..%2fadmin",
         "/repos/..%252fadmin",  # '/' to a server that decodes twice
         "/repos/x%255c..",
+        "/repos/..;/admin",  # '..' to servers that drop ';parameters'
+        "/repos/.;x/admin",
+        "/repos/%c0%ae%c0%ae/admin",  # overlong UTF-8 '.'
+        "/repos/%ff/admin",
         "*",
         "",
         "repos/x",
