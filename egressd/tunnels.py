@@ -15,6 +15,7 @@ class Tunnel:
     addr: str  # the one address the gate checked; every upstream connection of this tunnel goes here
     subject: Subject
     upstream_tls_error: str | None = None
+    connect_timed_out: bool = False
     connect_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 

@@ -46,6 +46,8 @@ class ConnectGate:
         if tunnel is None or flow.metadata.get("egressd.refused"):
             return
         why = flow.server_conn.error or "connection failed"
+        if tunnel.connect_timed_out:
+            why = f"no answer within {self.service.config.upstream.connect_timeout:g} s"
         refuse(self.service.audit, flow,
                deny(Reason.UPSTREAM_ERROR, f"cannot connect to {tunnel.target.host} ({tunnel.addr}): {why}"),
                tunnel.subject, "connect")

@@ -9,6 +9,7 @@ from mitmproxy.tls import TlsData
 
 from egressd.decision import HTTPS_PORT
 from egressd.service import Service
+from egressd.tunnels import Tunnel
 
 
 class UpstreamPin:
@@ -26,8 +27,12 @@ class UpstreamPin:
         # mitmproxy has no connect timeout of its own; cancel the connecting task when it runs out.
         task = asyncio.current_task()
         if task is not None:
-            loop = asyncio.get_running_loop()
-            tunnel.connect_timer = loop.call_later(self.service.config.upstream.connect_timeout, task.cancel)
+            timeout = self.service.config.upstream.connect_timeout
+            tunnel.connect_timer = asyncio.get_running_loop().call_later(timeout, self._time_out, tunnel, task)
+
+    def _time_out(self, tunnel: Tunnel, task: asyncio.Task[object]) -> None:
+        tunnel.connect_timed_out = True
+        task.cancel()
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._stop_timer(data.client)

@@ -2,7 +2,8 @@
 
 Names the DNS server knows (allow_cidrs opens only 127.0.0.8/29, where the upstreams live):
 api/www/ws.example.test → the echo upstream 127.0.0.10; badcert.example.test → 127.0.0.12 (certificate
-for another name); closed.example.test → 127.0.0.13 (nothing listens); canary.example.test → the canary
+for another name); closed.example.test → 127.0.0.13 (nothing listens); blackhole.example.test → 127.0.0.14 (SYNs
+dropped); canary.example.test → the canary
 127.0.0.99 (forbidden); and others scripted per test.
 """
 
@@ -67,6 +68,10 @@ host = "rebind.example.test"
 reason = "rebinding"
 
 [[allow]]
+host = "blackhole.example.test"
+reason = "SYNs go unanswered"
+
+[[allow]]
 host = "nx.example.test"
 reason = "does not exist"
 
@@ -104,6 +109,7 @@ def script_names(server: ScriptedDNS) -> None:
         server.add(name, "127.0.0.10")
     server.add("badcert.example.test", "127.0.0.12")
     server.add("closed.example.test", "127.0.0.13")
+    server.add("blackhole.example.test", "127.0.0.14")
     server.add("canary.example.test", "127.0.0.99")
     server.add("meta.example.test", "169.254.169.254")
     server.add("mixed.example.test", "127.0.0.10", "127.0.0.99")

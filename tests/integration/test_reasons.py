@@ -1,7 +1,9 @@
 """Every reason code produced end to end through the real daemon, seen in the response and the audit log."""
 
 import base64
+import contextlib
 import json
+import socket
 import time
 
 import pytest
@@ -138,6 +140,30 @@ def test_rebinding_never_reaches_forbidden_space(egressd: Egressd, run: dict, dn
 def test_upstream_connect_failure(egressd: Egressd, run: dict) -> None:
     connect_refusal(egressd, "closed.example.test:443", basic(run["token"]), "upstream_error", 502,
                     run["run_id"])
+
+
+def test_upstream_connect_timeout(egressd: Egressd, run: dict) -> None:
+    """An upstream that never answers the SYN: refused after upstream.connect_timeout (3 s in these tests)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.14", 443))
+        listener.listen(0)
+        # Fill the accept queue so the kernel drops further SYNs: the connect neither succeeds nor fails.
+        fillers = [socket.socket() for _ in range(4)]
+        for filler in fillers:
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.14", 443))
+        try:
+            started = time.monotonic()
+            sock, status, headers, body = egressd.connect("blackhole.example.test:443", basic(run["token"]),
+                                                          timeout=15)
+            sock.close()
+            data = assert_refusal(status, headers, body, "upstream_error", 502, run["run_id"])
+            assert "no answer within 3 s" in data["detail"]
+            assert 2.5 < time.monotonic() - started < 10
+        finally:
+            for filler in fillers:
+                filler.close()
 
 
 def test_upstream_certificate_for_another_name(egressd: Egressd, run: dict,
