@@ -76,15 +76,15 @@ allow_cidrs = ["127.0.0.8/29"]
     def write_policy(self, filename: str, text: str) -> None:
         (self.policies / filename).write_text(text)
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "egressd", "serve", "--config", str(self.config)]
+
     def start(self) -> "Egressd":
         socket_path = self.root / "var" / "control.sock"
         with contextlib.suppress(FileNotFoundError):
             socket_path.unlink()
         with self.log_file.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "egressd", "serve", "--config", str(self.config)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-            )
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
         deadline = time.monotonic() + START_TIMEOUT
         host, port = self.listen.rsplit(":", 1)
         while time.monotonic() < deadline:
