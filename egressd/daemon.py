@@ -11,7 +11,7 @@ import certifi
 from mitmproxy import master, options
 from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 
-from egressd import addons, engine_errors
+from egressd import addons, engine
 from egressd.ca import ensure_ca
 from egressd.config import Config, ConfigError
 from egressd.control import ControlServer
@@ -74,7 +74,7 @@ async def serve(config: Config) -> int:
         log.warning("no policies in %s: every CONNECT will be refused", service.policies.directory)
     trust = upstream_trust_bundle(config, service.state_dir)
 
-    engine_errors.install()
+    engine.install()
     opts = options.Options()
     proxy = master.Master(opts, with_termlog=False)
     proxy.addons.add(

@@ -6,6 +6,9 @@ from mitmproxy import http
 
 from egressd.reasons import Decision
 
+# Flow metadata key set on every flow egressd refused (its value: the reason code).
+REFUSED = "egressd.refused"
+
 
 def refusal_body(decision: Decision, host: str | None, run_id: str | None) -> dict[str, object]:
     assert decision.reason is not None

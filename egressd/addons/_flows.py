@@ -4,7 +4,7 @@ from mitmproxy import connection, http
 
 from egressd.audit import AuditLog, Subject
 from egressd.reasons import Decision
-from egressd.refusal import refusal_response
+from egressd.refusal import REFUSED, refusal_response
 
 
 def client_text(client: connection.Client) -> str:
@@ -18,4 +18,4 @@ def refuse(audit: AuditLog, flow: http.HTTPFlow, decision: Decision, subject: Su
     assert decision.reason is not None
     audit.record(event, "deny", decision.reason.value, subject, **extra)
     flow.response = refusal_response(decision, subject.host, subject.run_id)
-    flow.metadata["egressd.refused"] = decision.reason.value
+    flow.metadata[REFUSED] = decision.reason.value

@@ -6,6 +6,7 @@ from mitmproxy import connection, http
 from egressd.addons._flows import client_text, refuse
 from egressd.audit import Subject
 from egressd.reasons import Decision, Reason, deny
+from egressd.refusal import REFUSED
 from egressd.runs import Run
 from egressd.service import Service
 from egressd.tunnels import Tunnel
@@ -43,7 +44,7 @@ class ConnectGate:
     def http_connect_error(self, flow: http.HTTPFlow) -> None:
         """mitmproxy could not open the upstream TCP connection: answer in egressd's own words."""
         tunnel = self.service.tunnels.close(flow.client_conn.id)
-        if tunnel is None or flow.metadata.get("egressd.refused"):
+        if tunnel is None or flow.metadata.get(REFUSED):
             return
         why = flow.server_conn.error or "connection failed"
         if tunnel.connect_timed_out:

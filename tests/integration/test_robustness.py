@@ -6,7 +6,7 @@ import ssl
 
 import pytest
 
-from tests.support.egressd_process import Egressd, basic
+from tests.support.egressd_process import Egressd, basic, read_response
 
 HUGE = b"X-Big: " + b"a" * 300_000 + b"\r\n"
 
@@ -89,3 +89,28 @@ def test_many_refused_connects_in_a_row(egressd: Egressd, run: dict) -> None:
         sock.close()
         assert status == 403
     assert egressd.curl("https://api.example.test/after-many", run["token"]).status == 200
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_refused_request_body_is_discarded_not_buffered(egressd: Egressd, run: dict, upstream) -> None:
+    """64 MiB sent with a refused POST: the refusal comes after the body, and egressd's memory stays flat."""
+    assert egressd.process is not None
+    before = rss_kib(egressd.process.pid)
+    size, chunk = 64 * 1024 * 1024, b"z" * (1024 * 1024)
+    with egressd.tunnel("www.example.test", run["token"]) as sock:
+        tls = egressd.tls_in_tunnel(sock, "www.example.test")
+        tls.sendall(b"POST /docs/upload HTTP/1.1\r\nHost: www.example.test\r\n"
+                    + f"Content-Length: {size}\r\n\r\n".encode())
+        for _ in range(size // len(chunk)):
+            tls.sendall(chunk)
+        status, headers, _ = read_response(tls, timeout=30)
+    assert (status, headers["x-egressd-reason"]) == (403, "method_not_allowed")
+    grown_mib = (rss_kib(egressd.process.pid) - before) / 1024
+    assert grown_mib < 32, f"egressd grew by {grown_mib:.0f} MiB while discarding a refused body"
+    assert not any(r["path"] == "/docs/upload" for r in upstream.requests)
