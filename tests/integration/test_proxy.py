@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.egressd_process import Egressd, basic, read_response
+from tests.support.egressd_process import Egressd, basic, read_response, rss_kib
 from tests.support.upstream import HttpsUpstream, expected_bytes
 
 MINT_FIELDS = {"run_id", "token", "policy", "version", "policy_sha256", "expires_at", "proxy_url"}
@@ -54,11 +54,15 @@ def test_redirects_are_passed_back_not_followed(egressd: Egressd, run: dict, ups
 
 
 def test_large_bodies_stream_and_are_counted(egressd: Egressd, run: dict, tmp_path: Path) -> None:
-    size = 8 * 1024 * 1024
+    assert egressd.process is not None
+    before = rss_kib(egressd.process.pid)
+    size = 48 * 1024 * 1024
     out = tmp_path / "body"
     result = egressd.curl(f"https://api.example.test/bytes/{size}", run["token"], "-o", str(out))
     assert result.status == 200
     assert out.read_bytes() == expected_bytes(size)
+    grown_mib = (rss_kib(egressd.process.pid) - before) / 1024
+    assert grown_mib < 24, f"egressd grew by {grown_mib:.0f} MiB streaming a {size >> 20} MiB body"
     line = egressd.wait_audit(lambda a: a["event"] == "request" and a["path"] == f"/bytes/{size}")
     assert line["response_bytes"] == size
     upload = tmp_path / "upload"

@@ -6,7 +6,7 @@ import ssl
 
 import pytest
 
-from tests.support.egressd_process import Egressd, basic, read_response
+from tests.support.egressd_process import Egressd, basic, read_response, rss_kib
 
 HUGE = b"X-Big: " + b"a" * 300_000 + b"\r\n"
 
@@ -89,13 +89,6 @@ def test_many_refused_connects_in_a_row(egressd: Egressd, run: dict) -> None:
         sock.close()
         assert status == 403
     assert egressd.curl("https://api.example.test/after-many", run["token"]).status == 200
-
-
-def rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def test_a_refused_request_body_is_discarded_not_buffered(egressd: Egressd, run: dict, upstream) -> None:

@@ -240,6 +240,15 @@ def read_response(sock: socket.socket, timeout: float = 5.0) -> tuple[int, dict[
     return status, headers, body[:length]
 
 
+def rss_kib(pid: int) -> int:
+    """A process's resident memory, from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
 def _accepts(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2):
