@@ -1,4 +1,7 @@
-"""Small helpers the addons share: a client's address text, and refusing a flow (audit first, then reply)."""
+"""Small helpers the addons share: a client's address text, a request's audit fields, and refusing a flow
+(audit first, then reply)."""
+
+import time
 
 from mitmproxy import connection, http
 
@@ -6,10 +9,26 @@ from egressd.audit import AuditLog, Subject
 from egressd.reasons import Decision
 from egressd.refusal import REFUSED, refusal_response
 
+# Flow metadata key: the tunnel of a request the gate allowed (its audit line is written when it ends).
+ALLOWED = "egressd.allowed"
+
 
 def client_text(client: connection.Client) -> str:
     host, port, *_ = client.peername
     return f"{host}:{port}"
+
+
+def request_fields(flow: http.HTTPFlow, status: int | None, request_bytes: int = 0,
+                   response_bytes: int = 0) -> dict[str, object]:
+    """The audit fields of a request: never its query or a header value."""
+    return {
+        "method": flow.request.method,
+        "path": flow.request.path.partition("?")[0],
+        "status": status,
+        "request_bytes": request_bytes,
+        "response_bytes": response_bytes,
+        "duration_ms": round((time.time() - flow.request.timestamp_start) * 1000, 3),
+    }
 
 
 def refuse(audit: AuditLog, flow: http.HTTPFlow, decision: Decision, subject: Subject, event: str,

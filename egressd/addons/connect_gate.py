@@ -1,6 +1,8 @@
 """Steps 1-7 at the CONNECT: who the run is, whether its policy lets it reach the target, and where exactly
 the tunnel will lead. Also refuses anything that is not a CONNECT (plain-HTTP proxying)."""
 
+from dataclasses import replace
+
 from mitmproxy import connection, http
 
 from egressd.addons._flows import client_text, refuse
@@ -23,17 +25,14 @@ class ConnectGate:
         run = self._authenticate(flow, subject)
         if run is None:
             return
-        subject = Subject(client=client, run_id=run.run_id, policy=run.policy, policy_version=run.version,
-                          host=raw_host, port=port)
+        subject = replace(subject, run_id=run.run_id, policy=run.policy, policy_version=run.version)
         policy = self.service.policy_of(run)
         if isinstance(policy, Decision):
             refuse(self.service.audit, flow, policy, subject, "connect")
             return
         checked = await self.service.check_target(policy, raw_host, port)
         if checked.target is not None:
-            subject = Subject(client=client, run_id=run.run_id, policy=run.policy,
-                              policy_version=run.version, host=checked.target.host, port=port,
-                              addr=checked.addr)
+            subject = replace(subject, host=checked.target.host, addr=checked.addr)
         if not checked.decision.allowed:
             refuse(self.service.audit, flow, checked.decision, subject, "connect")
             return
@@ -62,8 +61,7 @@ class ConnectGate:
         run = self._authenticate(flow, subject)
         if run is None:
             return
-        subject = Subject(client=subject.client, run_id=run.run_id, policy=run.policy,
-                          policy_version=run.version, host=subject.host, port=subject.port)
+        subject = replace(subject, run_id=run.run_id, policy=run.policy, policy_version=run.version)
         refuse(self.service.audit, flow, deny(Reason.HTTPS_ONLY, "only HTTPS through CONNECT is proxied"),
                subject, "connect")
 

@@ -5,7 +5,7 @@ import time
 
 from mitmproxy import http
 
-from egressd.addons._flows import refuse
+from egressd.addons._flows import ALLOWED, refuse, request_fields
 from egressd.decision import RequestFacts, decide_request
 from egressd.reasons import Decision, Reason, deny
 from egressd.service import Service
@@ -38,18 +38,15 @@ class RequestGate:
         if flow.error is not None:
             # mitmproxy refused the request itself (e.g. ambiguous framing) and answers it; audit that refusal.
             self.service.audit.record("request", "deny", Reason.BAD_REQUEST.value, tunnel.subject,
-                                      method=flow.request.method, path=flow.request.path.partition("?")[0],
-                                      status=400, request_bytes=0, response_bytes=0, duration_ms=0)
+                                      **request_fields(flow, Reason.BAD_REQUEST.status))
             return
         decision = self._decide(tunnel, flow)
         if not decision.allowed:
             assert decision.reason is not None
             refuse(self.service.audit, flow, decision, tunnel.subject, "request",
-                   method=flow.request.method, path=flow.request.path.partition("?")[0],
-                   status=decision.reason.status, request_bytes=0, response_bytes=0,
-                   duration_ms=round((time.time() - flow.request.timestamp_start) * 1000, 3))
+                   **request_fields(flow, decision.reason.status))
             return
-        flow.metadata["egressd.tunnel"] = tunnel
+        flow.metadata[ALLOWED] = tunnel
 
     def _decide(self, tunnel: Tunnel, flow: http.HTTPFlow) -> Decision:
         if tunnel.upstream_tls_error is not None:

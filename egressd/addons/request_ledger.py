@@ -1,11 +1,11 @@
 """Accounts for allowed requests: streams both bodies (memory per flow stays bounded) while counting their
 bytes, and writes the request's audit line when it ends."""
 
-import time
 from collections.abc import Callable
 
 from mitmproxy import http
 
+from egressd.addons._flows import ALLOWED, request_fields
 from egressd.tunnels import Tunnel
 
 _SENT = "egressd.request_bytes"
@@ -27,11 +27,11 @@ class RequestLedger:
         self._record = audit_record
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if "egressd.tunnel" in flow.metadata:
+        if ALLOWED in flow.metadata:
             flow.request.stream = _counter(flow, _SENT)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if "egressd.tunnel" in flow.metadata and flow.response is not None:
+        if ALLOWED in flow.metadata and flow.response is not None:
             flow.response.stream = _counter(flow, _RECEIVED)
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -42,17 +42,10 @@ class RequestLedger:
         self._write(flow, None)
 
     def _write(self, flow: http.HTTPFlow, status: int | None) -> None:
-        tunnel: Tunnel | None = flow.metadata.pop("egressd.tunnel", None)
+        tunnel: Tunnel | None = flow.metadata.pop(ALLOWED, None)
         if tunnel is None:
             return
-        extra: dict[str, object] = {
-            "method": flow.request.method,
-            "path": flow.request.path.partition("?")[0],
-            "status": status,
-            "request_bytes": flow.metadata.get(_SENT, 0),
-            "response_bytes": flow.metadata.get(_RECEIVED, 0),
-            "duration_ms": round((time.time() - flow.request.timestamp_start) * 1000, 3),
-        }
+        fields = request_fields(flow, status, flow.metadata.get(_SENT, 0), flow.metadata.get(_RECEIVED, 0))
         if flow.error is not None:
-            extra["error"] = flow.error.msg
-        self._record("request", "allow", None, tunnel.subject, **extra)
+            fields["error"] = flow.error.msg
+        self._record("request", "allow", None, tunnel.subject, **fields)
