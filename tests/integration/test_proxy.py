@@ -109,6 +109,19 @@ def test_revoke_closes_open_tunnels_within_a_second(fresh_egressd: Egressd) -> N
     fresh_egressd.wait_audit(lambda a: a["event"] == "run" and a["action"] == "revoke")
 
 
+def test_expiry_closes_open_tunnels(fresh_egressd: Egressd) -> None:
+    fresh_egressd.start()
+    minted = fresh_egressd.mint("test", "--ttl", "2")
+    with fresh_egressd.tunnel("api.example.test", minted["token"]) as sock:
+        tls = fresh_egressd.tls_in_tunnel(sock, "api.example.test")
+        tls.sendall(b"GET /open HTTP/1.1\r\nHost: api.example.test\r\n\r\n")
+        assert read_response(tls)[0] == 200
+        tls.settimeout(5)
+        assert tls.recv(1) == b""  # closed by egressd once the run expired
+    line = fresh_egressd.wait_audit(lambda a: a["event"] == "run" and a["action"] == "expire")
+    assert line["run_id"] == minted["run_id"]
+
+
 def test_runs_survive_a_restart(fresh_egressd: Egressd) -> None:
     fresh_egressd.start()
     minted = fresh_egressd.mint("test")
