@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from egressd.runs import rfc3339
@@ -28,11 +29,18 @@ class Subject:
     addr: str | None = None
 
 
+# Told of every recorded decision (the metrics count them): event, decision, reason, subject, extra fields.
+Observer = Callable[[str, str, str | None, Subject, dict[str, object]], None]
+
+
 class AuditLog:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, observer: Observer | None = None,
+                 on_write_error: Callable[[], None] | None = None) -> None:
         """`path` is a file to append to, or "-" for stdout."""
         self.path = path
         self.write_errors = 0
+        self._observer = observer
+        self._on_write_error = on_write_error
         self._fd = -1
         self.reopen()
 
@@ -74,4 +82,8 @@ class AuditLog:
         except OSError as err:
             # An audit failure must be seen but must not take the gate down; metrics count these.
             self.write_errors += 1
+            if self._on_write_error is not None:
+                self._on_write_error()
             log.error("audit log %s: write failed: %s", self.path, err)
+        if self._observer is not None:
+            self._observer(event, decision, reason, subject, extra)

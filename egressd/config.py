@@ -66,6 +66,21 @@ class ControlConfig(_Section):
     socket: str = "var/control.sock"
 
 
+class MetricsConfig(_Section):
+    listen: str = "127.0.0.1:9464"  # "" disables the endpoint
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        if value:
+            parse_hostport(value, None)
+        return value
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return parse_hostport(self.listen, None) if self.listen else None
+
+
 class PathsConfig(_Section):
     policies: str = "policies"
     ca: str = "ca"
@@ -126,6 +141,7 @@ class UpstreamConfig(_Section):
 class Config(_Section):
     proxy: ProxyConfig = ProxyConfig()
     control: ControlConfig = ControlConfig()
+    metrics: MetricsConfig = MetricsConfig()
     paths: PathsConfig = PathsConfig()
     dns: DnsConfig = DnsConfig()
     upstream: UpstreamConfig = UpstreamConfig()

@@ -5,6 +5,7 @@ import asyncio
 import logging
 import signal
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import certifi
@@ -15,6 +16,7 @@ from egressd import addons, engine
 from egressd.ca import ensure_ca
 from egressd.config import Config, ConfigError
 from egressd.control import ControlServer
+from egressd.metrics_endpoint import MetricsEndpoint, not_ready
 from egressd.service import Service
 
 log = logging.getLogger("egressd")
@@ -84,11 +86,19 @@ async def serve(config: Config) -> int:
         addons.ConnectGate(service),
         addons.UpstreamPin(service),
         addons.RequestGate(service),
-        addons.RequestLedger(service.audit.record),
+        addons.RequestLedger(service),
         addons.RunReaper(service),
     )
     opts.update(**mitmproxy_options(config, ca_dir, trust))
 
+    endpoint = None
+    if config.metrics.address is not None:
+        host, port = config.metrics.address
+        endpoint = MetricsEndpoint(service.metrics, host, port, _readiness(service, proxy, len(config.proxy.addresses)))
+        try:
+            await endpoint.start()
+        except OSError as err:
+            raise StartupError(f"metrics.listen {config.metrics.listen}: {err.strerror}") from None
     control = ControlServer(service, config.path(config.control.socket))
     await control.start()
     loop = asyncio.get_running_loop()
@@ -111,8 +121,24 @@ async def serve(config: Config) -> int:
         await run
     finally:
         await control.stop()
+        if endpoint is not None:
+            await endpoint.stop()
         service.close()
     return 0
+
+
+def _readiness(service: Service, proxy: master.Master, listeners: int) -> Callable[[], list[str]]:
+    tls: tlsconfig.TlsConfig = proxy.addons.get("tlsconfig")
+    server: proxyserver.Proxyserver = proxy.addons.get("proxyserver")
+
+    def missing() -> list[str]:
+        return not_ready(
+            ca_loaded=tls.certstore is not None,
+            policies_loaded=len(service.policies.current) > 0,
+            listeners_accepting=server.is_running and len(server.listen_addrs()) >= listeners,
+        )
+
+    return missing
 
 
 async def _wait_listening(proxy: master.Master, run: asyncio.Task[None], wanted: int) -> None:

@@ -118,6 +118,12 @@ class RunStore:
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM runs ORDER BY created_at").fetchall()  # noqa: S608
         return [Run(*row) for row in rows]
 
+    def count_active(self, now: float) -> int:
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM runs WHERE revoked_at IS NULL AND expires_at > ?", (now,)
+        ).fetchone()
+        return int(row[0])
+
     def refused_among(self, run_ids: Iterable[str], now: float) -> dict[str, Reason]:
         """Of these runs, the ones that must lose their tunnels now (revoked, expired or deleted)."""
         wanted = list(set(run_ids))

@@ -13,6 +13,7 @@ from egressd.config import Config
 from egressd.credentials import token_from_header
 from egressd.decision import RequestFacts, Target, decide_addresses, decide_request, decide_target
 from egressd.dns import DnsFailure, Resolver
+from egressd.metrics import Metrics
 from egressd.policy import Policy
 from egressd.policy_store import PolicyLock, PolicyStore
 from egressd.reasons import ALLOW, Decision, Reason, deny
@@ -23,6 +24,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 3600
 MAX_TTL = 30 * 24 * 3600
+
+
+# A name with no A/AAAA records is, to an operator, as missing as one that does not exist.
+DNS_FAILURE_RESULTS = {"nxdomain": "nxdomain", "no_answer": "nxdomain", "servfail": "servfail", "timeout": "timeout"}
 
 
 class RequestError(ValueError):
@@ -52,10 +57,14 @@ class Service:
             audit_file = config.path(audit_path)
             audit_file.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
             audit_path = str(audit_file)
-        self.audit = AuditLog(audit_path)
+        self.metrics = Metrics()
+        self.audit = AuditLog(audit_path, self.metrics.observe_decision, self.metrics.audit_write_errors.inc)
         self.allow_cidrs = config.upstream.allowed_networks
         self.own_endpoints = [(ipaddress.ip_address(host), port) for host, port in config.proxy.addresses]
         self.tunnels = Tunnels()
+        self.metrics.runs_active.set(self.runs.count_active(time.time()))
+        self.metrics.track(self.metrics.tunnels_active, lambda: len(self.tunnels))
+        self.metrics.track(self.metrics.policies_loaded, lambda: len(self.policies.current))
 
     @property
     def state_dir(self) -> Path:
@@ -96,10 +105,13 @@ class Service:
         try:
             resolution = await self.resolver.resolve(target.host)
         except DnsFailure as err:
+            self.metrics.dns_lookups.labels(DNS_FAILURE_RESULTS[err.kind]).inc()
             return TargetCheck(deny(Reason.DNS_FAILURE, str(err)), target)
         decision = decide_addresses(target.host, resolution.addresses, self.allow_cidrs, self.own_endpoints)
         if not decision.allowed:
+            self.metrics.dns_lookups.labels("forbidden").inc()
             return TargetCheck(decision, target)
+        self.metrics.dns_lookups.labels("cached" if resolution.cached else "ok").inc()
         return TargetCheck(ALLOW, target, str(resolution.addresses[0]))
 
     # --- control operations ----------------------------------------------------------------------------
@@ -134,7 +146,7 @@ class Service:
             raise RequestError(f"no run {run_id}")
         run = self.runs.revoke(run_id)
         assert run is not None
-        if before.revoked_at is None:
+        if before.refusal(time.time()) is None:  # only a live run's revocation is an event
             self.record_run_event("revoke", run)
         return run.summary(time.time())
 
@@ -144,6 +156,7 @@ class Service:
 
     def reload(self) -> dict[str, object]:
         problems = self.policies.reload()
+        self.metrics.policy_reloads.labels("error" if problems else "ok").inc()
         for problem in problems:
             log.error("policy reload: %s", problem)
         loaded = sorted(policy.label for policy in self.policies.current.versions.values())

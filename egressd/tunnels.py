@@ -38,5 +38,8 @@ class Tunnels:
     def run_ids(self) -> set[str]:
         return {tunnel.run.run_id for tunnel in self._by_client.values()}
 
+    def __len__(self) -> int:
+        return len(self._by_client)
+
     def clients_of(self, run_ids: set[str]) -> list[str]:
         return [client for client, tunnel in self._by_client.items() if tunnel.run.run_id in run_ids]

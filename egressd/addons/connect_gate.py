@@ -48,6 +48,7 @@ class ConnectGate:
         why = flow.server_conn.error or "connection failed"
         if tunnel.connect_timed_out:
             why = f"no answer within {self.service.config.upstream.connect_timeout:g} s"
+        self.service.metrics.upstream_errors.labels("timeout" if tunnel.connect_timed_out else "connect").inc()
         refuse(self.service.audit, flow,
                deny(Reason.UPSTREAM_ERROR, f"cannot connect to {tunnel.target.host} ({tunnel.addr}): {why}"),
                tunnel.subject, "connect")

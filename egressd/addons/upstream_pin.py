@@ -42,6 +42,7 @@ class UpstreamPin:
 
     def tls_failed_server(self, data: TlsData) -> None:
         """Remembered so the tunnel's next request gets a clear upstream_error instead of a retry."""
+        self.service.metrics.upstream_errors.labels("tls").inc()
         tunnel = self.service.tunnels.get(data.context.client.id)
         if tunnel is not None:
             tunnel.upstream_tls_error = data.conn.error or "TLS handshake failed"

@@ -160,8 +160,8 @@ def run(egressd: Egressd) -> dict:
 @pytest.fixture
 def fresh_egressd(tmp_path: Path, dns: ScriptedDNS, test_ca_pem: Path, upstream: HttpsUpstream,
                   canary: Canary) -> Iterator[Egressd]:
-    """A daemon of a test's own (on port 3129) for tests that restart, reload or revoke."""
-    daemon = Egressd(tmp_path, dns.server_spec, test_ca_pem, listen="127.0.0.1:3129")
+    """A daemon of a test's own (on port 3129, metrics on 9465) for tests that restart, reload, revoke or count."""
+    daemon = Egressd(tmp_path, dns.server_spec, test_ca_pem, listen="127.0.0.1:3129", metrics="127.0.0.1:9465")
     daemon.write_policy("test-v1.toml", TEST_POLICY)
     yield daemon
     daemon.stop()

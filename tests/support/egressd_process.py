@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 20.0
 
@@ -41,9 +43,10 @@ class Egressd:
     """One daemon in its own directory: config, policies, CA, state and audit log all under `root`."""
 
     def __init__(self, root: Path, dns_spec: str, upstream_ca: Path, listen: str = "127.0.0.1:3128",
-                 extra_config: str = "") -> None:
+                 metrics: str = "127.0.0.1:9464", extra_config: str = "") -> None:
         self.root = root
         self.listen = listen
+        self.metrics_listen = metrics
         self.policies = root / "policies"
         self.policies.mkdir(parents=True, exist_ok=True)
         self.config = root / "egressd.toml"
@@ -51,6 +54,8 @@ class Egressd:
             f"""
 [proxy]
 listen = ["{listen}"]
+[metrics]
+listen = "{metrics}"
 [paths]
 policies = "policies"
 ca = "ca"
@@ -137,6 +142,26 @@ allow_cidrs = ["127.0.0.8/29"]
     @property
     def proxy_port(self) -> int:
         return int(self.listen.rsplit(":", 1)[1])
+
+    # --- observability ------------------------------------------------------------------------------------
+
+    def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        """GET on the metrics endpoint: (status, body)."""
+        host, port = self.metrics_listen.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            status, _, body = read_response(sock, timeout)
+        return status, body.decode()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of /metrics, keyed by (name, sorted labels)."""
+        status, text = self.http_get("/metrics")
+        assert status == 200
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return samples
 
     # --- audit ----------------------------------------------------------------------------------------
 
