@@ -5,7 +5,6 @@ The files use mitmproxy's names so the CA directory doubles as mitmproxy's confd
 """
 
 import datetime
-import os
 import stat
 from pathlib import Path
 
@@ -13,6 +12,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from egressd.files import write_atomic
 
 KEY_AND_CERT = "mitmproxy-ca.pem"
 CERT = "mitmproxy-ca-cert.pem"
@@ -34,7 +35,7 @@ def ensure_ca(ca_dir: Path, common_name: str = "egressd CA") -> Path:
     cert_file = ca_dir / CERT
     if not cert_file.exists():
         cert = x509.load_pem_x509_certificate(key_file.read_bytes())
-        _write(cert_file, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        write_atomic(cert_file, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return ca_dir
 
 
@@ -69,17 +70,6 @@ def _create(ca_dir: Path, common_name: str) -> None:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-    _write(ca_dir / KEY_AND_CERT, key_pem + cert_pem, 0o600)
-    _write(ca_dir / CERT, cert_pem, 0o644)
+    write_atomic(ca_dir / KEY_AND_CERT, key_pem + cert_pem, 0o600)
+    write_atomic(ca_dir / CERT, cert_pem, 0o644)
 
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    """Writes atomically, created with its final mode so the key is never readable by others, even briefly."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        os.write(fd, data)
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)

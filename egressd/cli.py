@@ -96,9 +96,38 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+class CliError(ValueError):
+    """A command line that cannot be carried out; the message says why."""
+
+
+def _secret_values(specs: list[str]) -> dict[str, str]:
+    """`NAME=@FILE` or `NAME=-` (stdin) → {NAME: value}. A value on the command line itself is refused."""
+    values: dict[str, str] = {}
+    for spec in specs:
+        name, sep, source = spec.partition("=")
+        if not sep or not name:
+            raise CliError(f"--secret {name or spec}: expected NAME=@FILE or NAME=- (stdin)")
+        if source == "-":
+            value = sys.stdin.read()
+        elif source.startswith("@"):
+            try:
+                value = Path(source[1:]).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                raise CliError(f"--secret {name}: cannot read {source[1:]}: {err}") from None
+        else:
+            # Deliberately not echoing the value: it may already be in this shell's history.
+            raise CliError(f"--secret {name}: a value on the command line is visible to every local user "
+                           "(ps, /proc/*/cmdline); give it as NAME=@FILE or NAME=- (stdin)")
+        if name in values:
+            raise CliError(f"--secret {name} is given twice")
+        values[name] = value.removesuffix("\n").removesuffix("\r")
+    return values
+
+
 def cmd_token_mint(args: argparse.Namespace) -> int:
+    secrets = _secret_values(args.secret)
     _print_json(_control(args, {"op": "mint", "policy": args.policy, "version": args.version,
-                                "ttl": args.ttl, "label": args.label}))
+                                "ttl": args.ttl, "label": args.label, "secrets": secrets}))
     return 0
 
 
@@ -149,6 +178,8 @@ def _parser() -> argparse.ArgumentParser:
     mint.add_argument("--version", type=int, metavar="N", help="policy version; default: the highest loaded")
     mint.add_argument("--ttl", type=float, metavar="SECONDS", help="lifetime; default 3600")
     mint.add_argument("--label", default="", metavar="TEXT")
+    mint.add_argument("--secret", action="append", default=[], metavar="NAME=@FILE|NAME=-",
+                      help="a per-run secret value, from a file or stdin (never from the command line)")
     revoke = leaf(token, "revoke", cmd_token_revoke, "revoke a run; its tunnels close within a second")
     revoke.add_argument("run_id", metavar="RUN_ID")
     leaf(token, "list", cmd_token_list, "list runs as JSON lines (never tokens)")
@@ -159,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, ControlError) as err:
+    except (ConfigError, ControlError, CliError) as err:
         print(f"egressd: {err}", file=sys.stderr)
         return 1 if isinstance(err, ControlError) else 2
 

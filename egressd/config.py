@@ -8,6 +8,7 @@ from typing import Annotated, Self
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from egressd.addresses import parse_cidrs
+from egressd.policy import SECRET_NAME_PATTERN
 
 DEFAULT_CONFIG_NAME = "egressd.toml"
 
@@ -138,6 +139,21 @@ class UpstreamConfig(_Section):
         return parse_cidrs(self.allow_cidrs)
 
 
+class SecretSource(_Section):
+    """Where an operator secret's value is read from: a file, or a systemd credential (LoadCredential=)."""
+
+    file: str = ""
+    credential: str = ""  # a name inside $CREDENTIALS_DIRECTORY
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if bool(self.file) == bool(self.credential):
+            raise ValueError("give exactly one of 'file' or 'credential'")
+        if self.credential and ("/" in self.credential or self.credential in (".", "..")):
+            raise ValueError("'credential' is a name inside $CREDENTIALS_DIRECTORY, not a path")
+        return self
+
+
 class Config(_Section):
     proxy: ProxyConfig = ProxyConfig()
     control: ControlConfig = ControlConfig()
@@ -145,6 +161,7 @@ class Config(_Section):
     paths: PathsConfig = PathsConfig()
     dns: DnsConfig = DnsConfig()
     upstream: UpstreamConfig = UpstreamConfig()
+    secrets: dict[Annotated[str, Field(pattern=SECRET_NAME_PATTERN)], SecretSource] = {}
     # Relative paths in the file are relative to the file's own directory (the working directory without one).
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 

@@ -106,8 +106,12 @@ class ControlServer:
         label = request.get("label", "")
         if not isinstance(label, str):
             raise RequestError("'label' must be a string")
+        secrets = request.get("secrets") or {}
+        if not isinstance(secrets, dict) or not all(isinstance(v, str) for v in secrets.values()):
+            raise RequestError("'secrets' must map names to string values")
         return self.service.mint(
-            _text(request, "policy"), _optional_int(request, "version"), _optional_number(request, "ttl"), label
+            _text(request, "policy"), _optional_int(request, "version"), _optional_number(request, "ttl"), label,
+            secrets,
         )
 
     async def _revoke(self, request: dict[str, object]) -> object:

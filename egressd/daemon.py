@@ -17,6 +17,7 @@ from egressd.ca import ensure_ca
 from egressd.config import Config, ConfigError
 from egressd.control import ControlServer
 from egressd.metrics_endpoint import MetricsEndpoint, not_ready
+from egressd.secret_store import SecretError
 from egressd.service import Service
 
 log = logging.getLogger("egressd")
@@ -65,6 +66,10 @@ def mitmproxy_options(config: Config, ca_dir: Path, trust: Path) -> dict[str, ob
 async def serve(config: Config) -> int:
     ca_dir = ensure_ca(config.path(config.paths.ca))
     service = Service(config)
+    try:
+        service.secrets.load_operator()
+    except SecretError as err:
+        raise StartupError(f"operator secrets:\n{err}") from None
     problems = service.policies.reload()
     if problems and not service.policies.current.versions:
         for problem in problems:

@@ -103,6 +103,49 @@ class AllowRule(Rule):
         return normalize_host(value)
 
 
+SECRET_NAME_PATTERN = r"^[A-Z][A-Z0-9_]{0,63}$"  # noqa: S105 (a name pattern, not a secret)
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+
+
+class SecretBinding(BaseModel):
+    """Which hosts a secret may be sent to, and where in a request (None: any header, the path and the query)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=SECRET_NAME_PATTERN, strict=True)]
+    hosts: Annotated[tuple[str, ...], Field(min_length=1)]
+    where: tuple[str, ...] | None = None
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: object) -> object:
+        if not isinstance(value, list):
+            return value
+        return tuple(normalize_host(host) if isinstance(host, str) else host for host in value)
+
+    @field_validator("where", mode="before")
+    @classmethod
+    def _where(cls, value: object) -> object:
+        if not isinstance(value, list):
+            return value
+        if not value:
+            raise ValueError("an empty list allows nowhere; leave the key out for the default")
+        places = []
+        for place in value:
+            kind, _, header = place.partition(":") if isinstance(place, str) else ("", "", "")
+            if place in ("path", "query") or (kind == "header" and (header == "*" or _HEADER_NAME.fullmatch(header))):
+                places.append(place.lower() if kind == "header" else place)
+            else:
+                raise ValueError(f"{place!r} is not a place: use 'header:NAME', 'header:*', 'path' or 'query'")
+        return tuple(places)
+
+    def allows_place(self, place: str) -> bool:
+        """`place` is 'path', 'query' or 'header:<lower-case name>'."""
+        if self.where is None:
+            return True
+        return place in self.where or (place.startswith("header:") and "header:*" in self.where)
+
+
 class Policy(BaseModel):
     """One immutable version of a policy."""
 
@@ -113,12 +156,26 @@ class Policy(BaseModel):
     description: Annotated[str, Field(strict=True)] = ""
     allow: tuple[AllowRule, ...] = ()
     open_web: Rule | None = None
+    secret: tuple[SecretBinding, ...] = ()
 
     @model_validator(mode="after")
     def _reaches_something(self) -> "Policy":
         if not self.allow and self.open_web is None:
             raise ValueError("allows nothing: add an [[allow]] rule or [open_web]")
+        allowed = {rule.host for rule in self.allow}
+        names = [binding.name for binding in self.secret]
+        for index, binding in enumerate(self.secret):
+            if names.count(binding.name) > 1:
+                raise ValueError(f"secret[{index}].name: {binding.name} is bound more than once")
+            for host in binding.hosts:
+                if host not in allowed:
+                    raise ValueError(
+                        f"secret[{index}].hosts: {binding.name} is bound to {host}, which no [[allow]] rule allows"
+                    )
         return self
+
+    def binding(self, name: str) -> "SecretBinding | None":
+        return next((binding for binding in self.secret if binding.name == name), None)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -168,7 +225,7 @@ def _problems(source: str, err: ValidationError, data: dict) -> str:
             why = "unknown key"
         elif problem["type"] == "missing":
             why = "required"
-        lines.append(f"{source}: {where or '(top level)'}: {why}")
+        lines.append(f"{source}: {where}: {why}" if where else f"{source}: {why}")
     return "\n".join(lines)
 
 

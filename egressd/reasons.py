@@ -25,6 +25,9 @@ class Reason(StrEnum):
     BAD_REQUEST = "bad_request"
     WEBSOCKET_NOT_ALLOWED = "websocket_not_allowed"
     POLICY_GONE = "policy_gone"
+    SECRET_NOT_ALLOWED = "secret_not_allowed"
+    SECRET_UNKNOWN = "secret_unknown"
+    SCRUB_FAILED = "scrub_failed"
 
     @property
     def status(self) -> int:
@@ -38,6 +41,7 @@ _STATUS = {
     Reason.TOKEN_REVOKED: 407,
     Reason.DNS_FAILURE: 502,
     Reason.UPSTREAM_ERROR: 502,
+    Reason.SCRUB_FAILED: 502,
     Reason.BAD_REQUEST: 400,
 }
 

@@ -12,6 +12,7 @@ from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from egressd.injection import new_placeholder
 from egressd.reasons import Reason
 
 TOKEN_BYTES = 32  # 256 random bits
@@ -28,6 +29,13 @@ CREATE TABLE IF NOT EXISTS runs (
     expires_at REAL NOT NULL,
     revoked_at REAL,
     expiry_recorded INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS run_placeholders (
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    name TEXT NOT NULL,
+    placeholder TEXT NOT NULL UNIQUE,
+    injected INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, name)
 );
 """
 
@@ -91,15 +99,38 @@ class RunStore:
     def close(self) -> None:
         self._db.close()
 
-    def mint(self, policy: str, version: int, policy_sha256: str, ttl: float, label: str) -> tuple[Run, str]:
+    def mint(self, policy: str, version: int, policy_sha256: str, ttl: float, label: str,
+             secret_names: Iterable[str] = ()) -> tuple[Run, str, dict[str, str]]:
+        """A new run, its token (the only time it exists outside the client) and a placeholder per secret."""
         token = secrets.token_urlsafe(TOKEN_BYTES)
         now = time.time()
         run = Run(f"run_{secrets.token_hex(8)}", policy, version, policy_sha256, label, now, now + ttl, None)
-        self._db.execute(
-            f"INSERT INTO runs ({_COLUMNS}, token_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
-            (*astuple(run), token_digest(token)),
-        )
-        return run, token
+        placeholders = {name: new_placeholder() for name in secret_names}
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                f"INSERT INTO runs ({_COLUMNS}, token_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                (*astuple(run), token_digest(token)),
+            )
+            self._db.executemany(
+                "INSERT INTO run_placeholders (run_id, name, placeholder) VALUES (?, ?, ?)",
+                [(run.run_id, name, placeholder) for name, placeholder in placeholders.items()],
+            )
+        return run, token, placeholders
+
+    def placeholders(self, run_id: str) -> dict[str, str]:
+        """name → placeholder of a run's secrets."""
+        rows = self._db.execute("SELECT name, placeholder FROM run_placeholders WHERE run_id = ?", (run_id,))
+        return dict(rows.fetchall())
+
+    def mark_injected(self, run_id: str, names: Iterable[str]) -> None:
+        self._db.executemany("UPDATE run_placeholders SET injected = 1 WHERE run_id = ? AND name = ?",
+                             [(run_id, name) for name in names])
+
+    def injected(self, run_id: str) -> set[str]:
+        """The secrets egressd has sent on this run's behalf: their values are scrubbed from its replies."""
+        rows = self._db.execute("SELECT name FROM run_placeholders WHERE run_id = ? AND injected = 1", (run_id,))
+        return {name for (name,) in rows.fetchall()}
 
     def by_token(self, token: str) -> Run | None:
         return self._one("token_sha256 = ?", token_digest(token))

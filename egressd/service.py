@@ -13,11 +13,13 @@ from egressd.config import Config
 from egressd.credentials import token_from_header
 from egressd.decision import RequestFacts, Target, decide_addresses, decide_request, decide_target
 from egressd.dns import DnsFailure, Resolver
+from egressd.injection import RunSecrets
 from egressd.metrics import Metrics
 from egressd.policy import Policy
 from egressd.policy_store import PolicyLock, PolicyStore
 from egressd.reasons import ALLOW, Decision, Reason, deny
 from egressd.runs import Run, RunStore, rfc3339
+from egressd.secret_store import SecretError, SecretStore, check_value
 from egressd.tunnels import Tunnels
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ class Service:
         self.allow_cidrs = config.upstream.allowed_networks
         self.own_endpoints = [(ipaddress.ip_address(host), port) for host, port in config.proxy.addresses]
         self.tunnels = Tunnels()
+        self.secrets = SecretStore(config, state)
+        self._injected: dict[str, set[str]] = {}
         self.metrics.runs_active.set(self.runs.count_active(time.time()))
         self.metrics.track(self.metrics.tunnels_active, lambda: len(self.tunnels))
         self.metrics.track(self.metrics.policies_loaded, lambda: len(self.policies.current))
@@ -116,7 +120,8 @@ class Service:
 
     # --- control operations ----------------------------------------------------------------------------
 
-    def mint(self, policy_name: str, version: int | None, ttl: float | None, label: str) -> dict[str, object]:
+    def mint(self, policy_name: str, version: int | None, ttl: float | None, label: str,
+             secret_values: dict[str, str] | None = None) -> dict[str, object]:
         policy = self.policies.current.get(policy_name, version)
         if policy is None:
             wanted = policy_name if version is None else f"{policy_name}@{version}"
@@ -126,7 +131,10 @@ class Service:
             raise RequestError(f"ttl must be between 1 and {MAX_TTL} seconds")
         if len(label) > 200:
             raise RequestError("label is longer than 200 characters")
-        run, token = self.runs.mint(policy.name, policy.version, policy.sha256, ttl, label)
+        run_values = self._run_values(policy, secret_values or {})
+        names = [binding.name for binding in policy.secret]
+        run, token, placeholders = self.runs.mint(policy.name, policy.version, policy.sha256, ttl, label, names)
+        self.secrets.put_run(run.run_id, run_values)
         self.record_run_event("mint", run)
         host, port = self.config.proxy.addresses[0]
         host = f"[{host}]" if ":" in host else host
@@ -138,8 +146,21 @@ class Service:
             "policy_sha256": run.policy_sha256,
             "expires_at": rfc3339(run.expires_at),
             "proxy_url": f"http://egressd:{token}@{host}:{port}",
+            "placeholders": placeholders,
         }
 
+    def _run_values(self, policy: Policy, given: dict[str, str]) -> dict[str, str]:
+        """The per-run values for a mint, checked against what the policy binds and the daemon has."""
+        bound = {binding.name for binding in policy.secret}
+        for name in sorted(set(given) - bound):
+            raise RequestError(f"policy {policy.label} binds no secret {name}")
+        for name in sorted(bound - set(given) - set(self.secrets.operator)):
+            raise RequestError(f"policy {policy.label} needs secret {name}: the daemon has no such secret "
+                               f"and the mint does not supply it (--secret {name}=@FILE)")
+        try:
+            return {name: check_value(name, value) for name, value in given.items()}
+        except SecretError as err:
+            raise RequestError(str(err)) from None
     def revoke(self, run_id: str) -> dict[str, object]:
         before = self.runs.get(run_id)
         if before is None:
@@ -147,7 +168,7 @@ class Service:
         run = self.runs.revoke(run_id)
         assert run is not None
         if before.refusal(time.time()) is None:  # only a live run's revocation is an event
-            self.record_run_event("revoke", run)
+            self.end_run("revoke", run)
         return run.summary(time.time())
 
     def list_runs(self) -> list[dict[str, object]]:
@@ -192,6 +213,34 @@ class Service:
         return decide_request(checked.target, facts)
 
     # --- audit ---------------------------------------------------------------------------------------
+
+    def end_run(self, what: str, run: Run) -> None:
+        """A run was revoked or expired: recorded, and its per-run secret values are gone."""
+        self.record_run_event(what, run)
+        self.secrets.drop_run(run.run_id)
+        self._injected.pop(run.run_id, None)
+
+    def run_secrets(self, run: Run, policy: Policy) -> RunSecrets:
+        placeholders = self.runs.placeholders(run.run_id)
+        return RunSecrets(
+            names={placeholder: name for name, placeholder in placeholders.items()},
+            values=self.secrets.values_for(run.run_id, list(placeholders)),
+            bindings={binding.name: binding for binding in policy.secret},
+        )
+
+    def injected_names(self, run_id: str) -> set[str]:
+        """The secrets sent on this run's behalf so far (their values are scrubbed from all its replies)."""
+        if run_id not in self._injected:
+            self._injected[run_id] = self.runs.injected(run_id)
+        return self._injected[run_id]
+
+    def record_injection(self, run: Run, names: set[str]) -> None:
+        known = self.injected_names(run.run_id)
+        if not names <= known:
+            self.runs.mark_injected(run.run_id, names - known)
+            known |= names
+        for name in names:
+            self.metrics.secret_injections.labels(run.policy, name).inc()
 
     def record_run_event(self, what: str, run: Run) -> None:
         subject = Subject(run_id=run.run_id, policy=run.policy, policy_version=run.version)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from egressd.audit import Subject
 from egressd.decision import Target
+from egressd.injection import RunSecrets
 from egressd.runs import Run
 
 
@@ -14,6 +15,7 @@ class Tunnel:
     target: Target
     addr: str  # the one address the gate checked; every upstream connection of this tunnel goes here
     subject: Subject
+    secrets: RunSecrets
     upstream_tls_error: str | None = None
     connect_timed_out: bool = False
     connect_timer: asyncio.TimerHandle | None = field(default=None, repr=False)

@@ -9,8 +9,10 @@ from egressd.audit import AuditLog, Subject
 from egressd.reasons import Decision
 from egressd.refusal import REFUSED, refusal_response
 
-# Flow metadata key: the tunnel of a request the gate allowed (its audit line is written when it ends).
+# Flow metadata keys: the tunnel of a request the gate allowed (its audit line is written when it ends), and
+# the names of the secrets injected into it.
 ALLOWED = "egressd.allowed"
+INJECTED = "egressd.injected"
 
 
 def client_text(client: connection.Client) -> str:
@@ -20,7 +22,7 @@ def client_text(client: connection.Client) -> str:
 
 def request_fields(flow: http.HTTPFlow, status: int | None, request_bytes: int = 0,
                    response_bytes: int = 0) -> dict[str, object]:
-    """The audit fields of a request: never its query or a header value."""
+    """The audit fields of a request: never its query, a header value or a secret's value (only names)."""
     return {
         "method": flow.request.method,
         "path": flow.request.path.partition("?")[0],
@@ -28,6 +30,7 @@ def request_fields(flow: http.HTTPFlow, status: int | None, request_bytes: int =
         "request_bytes": request_bytes,
         "response_bytes": response_bytes,
         "duration_ms": round((time.time() - flow.request.timestamp_start) * 1000, 3),
+        "secrets": sorted(flow.metadata.get(INJECTED, ())),
     }
 
 

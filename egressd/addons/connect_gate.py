@@ -38,7 +38,8 @@ class ConnectGate:
             return
         assert checked.target is not None and checked.addr is not None
         self.service.audit.record("connect", "allow", None, subject)
-        self.service.tunnels.open(flow.client_conn.id, Tunnel(run, checked.target, checked.addr, subject))
+        secrets = self.service.run_secrets(run, policy)
+        self.service.tunnels.open(flow.client_conn.id, Tunnel(run, checked.target, checked.addr, subject, secrets))
 
     def http_connect_error(self, flow: http.HTTPFlow) -> None:
         """mitmproxy could not open the upstream TCP connection: answer in egressd's own words."""

@@ -5,9 +5,10 @@ import time
 
 from mitmproxy import http
 
-from egressd.addons._flows import ALLOWED, refuse, request_fields
+from egressd.addons._flows import ALLOWED, INJECTED, refuse, request_fields
 from egressd.decision import RequestFacts, decide_request
-from egressd.reasons import Decision, Reason, deny
+from egressd.injection import inject
+from egressd.reasons import ALLOW, Decision, Reason, deny
 from egressd.service import Service
 from egressd.tunnels import Tunnel
 
@@ -41,12 +42,32 @@ class RequestGate:
                                       **request_fields(flow, Reason.BAD_REQUEST.status))
             return
         decision = self._decide(tunnel, flow)
+        if decision.allowed:
+            decision = self._inject(tunnel, flow)
         if not decision.allowed:
             assert decision.reason is not None
             refuse(self.service.audit, flow, decision, tunnel.subject, "request",
                    **request_fields(flow, decision.reason.status))
             return
         flow.metadata[ALLOWED] = tunnel
+
+    def _inject(self, tunnel: Tunnel, flow: http.HTTPFlow) -> Decision:
+        """Swaps this run's placeholders for their values where they may go; refuses any that may not."""
+        request = flow.request
+        path, sep, query = request.path.partition("?")
+        fields = [(name, value) for name, value in request.headers.items(multi=True)]
+        injected = inject(tunnel.secrets, tunnel.target.host, fields, path, query)
+        if isinstance(injected, Decision):
+            return injected
+        if injected.names:
+            request.headers.fields = tuple(
+                (name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape"))
+                for name, value in injected.headers
+            )
+            request.path = injected.path + sep + injected.query
+            flow.metadata[INJECTED] = injected.names
+            self.service.record_injection(tunnel.run, injected.names)
+        return ALLOW
 
     def _decide(self, tunnel: Tunnel, flow: http.HTTPFlow) -> Decision:
         if tunnel.upstream_tls_error is not None:

@@ -39,7 +39,7 @@ class RunReaper:
     def reap(self, now: float) -> None:
         service = self.service
         for run in service.runs.claim_expired(now):
-            service.record_run_event("expire", run)
+            service.end_run("expire", run)
         refused = service.runs.refused_among(service.tunnels.run_ids(), now)
         if not refused:
             return

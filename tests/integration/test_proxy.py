@@ -13,7 +13,7 @@ import pytest
 from tests.support.egressd_process import Egressd, basic, read_response, rss_kib
 from tests.support.upstream import HttpsUpstream, expected_bytes
 
-MINT_FIELDS = {"run_id", "token", "policy", "version", "policy_sha256", "expires_at", "proxy_url"}
+MINT_FIELDS = {"run_id", "token", "policy", "version", "policy_sha256", "expires_at", "proxy_url", "placeholders"}
 
 
 def test_curl_http1_and_http2(egressd: Egressd, run: dict, upstream: HttpsUpstream) -> None:

@@ -30,7 +30,8 @@ def store(db_path: Path) -> Iterator[RunStore]:
 
 
 def mint(store: RunStore, ttl: float = 3600, label: str = "") -> tuple[Run, str]:
-    return store.mint("roastery-bot", 3, SHA, ttl, label)
+    run, token, _ = store.mint("roastery-bot", 3, SHA, ttl, label)
+    return run, token
 
 
 def test_mint_returns_a_url_safe_token_of_at_least_128_bits(store: RunStore) -> None:
@@ -251,3 +252,17 @@ def test_a_revocation_is_seen_by_another_worker(db_path: Path) -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_placeholders_per_run_and_secret(store: RunStore) -> None:
+    run, _, placeholders = store.mint("p", 1, SHA, 60, "", ["GITHUB_TOKEN", "API_KEY"])
+    other, _, other_placeholders = store.mint("p", 1, SHA, 60, "", ["GITHUB_TOKEN"])
+    assert set(placeholders) == {"GITHUB_TOKEN", "API_KEY"}
+    for placeholder in (*placeholders.values(), *other_placeholders.values()):
+        assert re.fullmatch(r"egressd_ph_[A-Za-z0-9]{32}", placeholder)
+    assert placeholders["GITHUB_TOKEN"] != other_placeholders["GITHUB_TOKEN"]
+    assert store.placeholders(run.run_id) == placeholders
+    assert store.injected(run.run_id) == set()
+    store.mark_injected(run.run_id, ["API_KEY"])
+    assert store.injected(run.run_id) == {"API_KEY"}
+    assert store.injected(other.run_id) == set()
