@@ -1,0 +1,215 @@
+"""Secrets stay outside: placeholders in the run, values injected only where bound, replies scrubbed.
+
+One daemon of this module's own (port 3130) with two operator secrets and a policy binding three secrets.
+The canary values below must never reach the client, the audit log, the daemon's output, CLI output or the
+state dir outside the secrets store, in any form."""
+
+import base64
+import json
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.dns_server import ScriptedDNS
+from tests.support.egressd_process import Egressd
+from tests.support.upstream import HttpsUpstream
+
+API_TOKEN = "CANARY-api-token-4f1d9c2b7e"
+HEADER_ONLY = "CANARY-header-only-8a3e5d0c"
+RUN_TOKEN = "CANARY/run+token=9b7c&x?y"  # characters that need percent-encoding in a path or query
+CANARIES = (API_TOKEN, HEADER_ONLY, RUN_TOKEN)
+
+VAULT_POLICY = """
+name = "vault"
+version = 1
+
+[[allow]]
+host = "api.example.test"
+reason = "the API the secrets are for"
+
+[[allow]]
+host = "www.example.test"
+reason = "another allowed host, bound to no secret"
+
+[[secret]]
+name = "API_TOKEN"
+hosts = ["api.example.test"]
+
+[[secret]]
+name = "HEADER_ONLY"
+hosts = ["api.example.test"]
+where = ["header:x-api-key"]
+
+[[secret]]
+name = "RUN_TOKEN"
+hosts = ["api.example.test"]
+"""
+
+
+def forms(value: str) -> list[str]:
+    raw = value.encode()
+    return [value, urllib.parse.quote(value, safe=""), urllib.parse.quote_plus(value),
+            base64.b64encode(raw).decode().rstrip("="), base64.urlsafe_b64encode(raw).decode().rstrip("=")]
+
+
+def assert_no_canary(text: str, where: str) -> None:
+    for value in CANARIES:
+        for form in forms(value):
+            assert form not in text, f"a form of a secret value ({form[:6]}…) is in {where}"
+
+
+@pytest.fixture(scope="module")
+def vault(tmp_path_factory: pytest.TempPathFactory, dns: ScriptedDNS, test_ca_pem: Path,
+          upstream: HttpsUpstream) -> Iterator[Egressd]:
+    root = tmp_path_factory.mktemp("vault")
+    files = root / "operator-secrets"
+    files.mkdir(mode=0o700)
+    for name, value in (("api-token", API_TOKEN), ("header-only", HEADER_ONLY)):
+        (files / name).write_text(value + "\n")
+        (files / name).chmod(0o600)
+    extra = (f'[secrets.API_TOKEN]\nfile = "{files / "api-token"}"\n'
+             f'[secrets.HEADER_ONLY]\nfile = "{files / "header-only"}"\n')
+    daemon = Egressd(root, dns.server_spec, test_ca_pem, listen="127.0.0.1:3130", metrics="127.0.0.1:9466",
+                     extra_config=extra)
+    daemon.write_policy("vault-v1.toml", VAULT_POLICY)
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def run_token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("run-secret") / "run-token"
+    path.write_text(RUN_TOKEN + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def vault_run(vault: Egressd, run_token_file: Path) -> dict:
+    return vault.mint("vault", "--secret", f"RUN_TOKEN=@{run_token_file}")
+
+
+def last_request(upstream: HttpsUpstream, path_prefix: str) -> dict:
+    return next(r for r in reversed(upstream.requests) if r["path"].startswith(path_prefix))
+
+
+def header(request: dict, name: str) -> str:
+    return next(value for key, value in request["headers"] if key.lower() == name)
+
+
+# --- mint -------------------------------------------------------------------------------------------------
+
+def test_mint_gives_placeholders_never_values(vault: Egressd, vault_run: dict) -> None:
+    placeholders = vault_run["placeholders"]
+    assert set(placeholders) == {"API_TOKEN", "HEADER_ONLY", "RUN_TOKEN"}
+    for placeholder in placeholders.values():
+        assert placeholder.startswith("egressd_ph_") and len(placeholder) >= len("egressd_ph_") + 22
+        assert placeholder.replace("_", "").isalnum()
+    assert_no_canary(json.dumps(vault_run), "the mint output")
+
+
+def test_a_value_on_the_command_line_is_refused(vault: Egressd) -> None:
+    done = vault.cli("token", "mint", "--policy", "vault", "--secret", f"RUN_TOKEN={RUN_TOKEN}")
+    assert done.returncode == 2
+    assert "visible to every local user" in done.stderr
+    assert_no_canary(done.stdout + done.stderr, "the refusal")
+
+
+def test_mint_from_stdin(vault: Egressd) -> None:
+    done = vault.cli("token", "mint", "--policy", "vault", "--secret", "RUN_TOKEN=-", input_text=RUN_TOKEN + "\n")
+    assert done.returncode == 0, done.stderr
+    assert "RUN_TOKEN" in json.loads(done.stdout)["placeholders"]
+
+
+def test_mint_refuses_missing_and_unbound_secrets(vault: Egressd, run_token_file: Path) -> None:
+    done = vault.cli("token", "mint", "--policy", "vault")
+    assert done.returncode == 1 and "needs secret RUN_TOKEN" in done.stderr
+    done = vault.cli("token", "mint", "--policy", "vault", "--secret", f"RUN_TOKEN=@{run_token_file}",
+                     "--secret", f"NOT_BOUND=@{run_token_file}")
+    assert done.returncode == 1 and "binds no secret NOT_BOUND" in done.stderr
+
+
+# --- injection --------------------------------------------------------------------------------------------
+
+def test_values_are_injected_where_bound(vault: Egressd, vault_run: dict, upstream: HttpsUpstream) -> None:
+    ph = vault_run["placeholders"]
+    result = vault.curl(f"https://api.example.test/inject/{ph['RUN_TOKEN']}?key={ph['API_TOKEN']}&n=1",
+                        vault_run["token"], "-H", f"Authorization: Bearer {ph['API_TOKEN']}",
+                        "-H", f"X-Api-Key: {ph['HEADER_ONLY']}")
+    assert result.status == 200, result.body
+    seen = last_request(upstream, "/inject/")
+    assert header(seen, "authorization") == f"Bearer {API_TOKEN}"
+    assert header(seen, "x-api-key") == HEADER_ONLY
+    quoted = urllib.parse.quote(RUN_TOKEN, safe="")
+    assert seen["path"] == f"/inject/{quoted}?key={urllib.parse.quote(API_TOKEN, safe='')}&n=1"
+    line = vault.wait_audit(lambda a: a["event"] == "request" and a["path"].startswith("/inject/"))
+    assert line["secrets"] == ["API_TOKEN", "HEADER_ONLY", "RUN_TOKEN"]
+
+
+def test_basic_credentials_are_decoded_substituted_reencoded(vault: Egressd, vault_run: dict,
+                                                             upstream: HttpsUpstream) -> None:
+    ph = vault_run["placeholders"]
+    result = vault.curl("https://api.example.test/basic", vault_run["token"], "-u", f"bot:{ph['API_TOKEN']}")
+    assert result.status == 200
+    sent = header(last_request(upstream, "/basic"), "authorization")
+    assert base64.b64decode(sent.split()[1]).decode() == f"bot:{API_TOKEN}"
+
+
+def test_the_body_is_never_substituted(vault: Egressd, vault_run: dict, upstream: HttpsUpstream) -> None:
+    ph = vault_run["placeholders"]
+    result = vault.curl("https://api.example.test/body", vault_run["token"], "--data-binary",
+                        f"token={ph['API_TOKEN']}")
+    assert result.status == 200
+    assert last_request(upstream, "/body")["body"] == f"token={ph['API_TOKEN']}".encode()
+
+
+@pytest.mark.parametrize(("url", "args"), [
+    ("https://www.example.test/moved", ["-H", "Authorization: Bearer {API_TOKEN}"]),  # another allowed host
+    ("https://api.example.test/q?key={HEADER_ONLY}", []),  # into the query, bound to one header
+    ("https://api.example.test/h", ["-H", "Authorization: {HEADER_ONLY}"]),  # a header outside `where`
+    ("https://api.example.test/{HEADER_ONLY}", []),  # the path
+])
+def test_secret_not_allowed(vault: Egressd, vault_run: dict, upstream: HttpsUpstream, url: str,
+                            args: list[str]) -> None:
+    ph = vault_run["placeholders"]
+    before = len(upstream.requests)
+    result = vault.curl(url.format(**ph), vault_run["token"], *[arg.format(**ph) for arg in args])
+    assert result.status == 403 and result.headers["x-egressd-reason"] == "secret_not_allowed"
+    assert json.loads(result.body)["reason"] == "secret_not_allowed"
+    assert len(upstream.requests) == before
+    vault.wait_audit(lambda a: a["reason"] == "secret_not_allowed")
+
+
+def test_secret_unknown(vault: Egressd, vault_run: dict, run_token_file: Path, upstream: HttpsUpstream) -> None:
+    other = vault.mint("vault", "--secret", f"RUN_TOKEN=@{run_token_file}")
+    revoked = vault.mint("vault", "--secret", f"RUN_TOKEN=@{run_token_file}")
+    assert vault.cli("token", "revoke", revoked["run_id"]).returncode == 0
+    before = len(upstream.requests)
+    for placeholder in (other["placeholders"]["API_TOKEN"], revoked["placeholders"]["API_TOKEN"],
+                        "egressd_ph_MadeUpButShapedLikeOne0123456789"):
+        result = vault.curl("https://api.example.test/unknown", vault_run["token"],
+                            "-H", f"Authorization: Bearer {placeholder}")
+        assert result.status == 403 and result.headers["x-egressd-reason"] == "secret_unknown"
+    assert len(upstream.requests) == before
+    vault.wait_audit(lambda a: a["reason"] == "secret_unknown")
+    assert not (vault.root / "var" / "secrets" / f"{revoked['run_id']}.json").exists()
+
+
+def test_per_run_values_survive_a_restart(vault: Egressd, vault_run: dict, upstream: HttpsUpstream) -> None:
+    vault.stop()
+    vault.start()
+    result = vault.curl("https://api.example.test/after-restart", vault_run["token"],
+                        "-H", f"X-Run: {vault_run['placeholders']['RUN_TOKEN']}")
+    assert result.status == 200
+    assert header(last_request(upstream, "/after-restart"), "x-run") == RUN_TOKEN
+
+
+def test_secrets_dir_and_files_are_private(vault: Egressd, vault_run: dict) -> None:
+    secrets_dir = vault.root / "var" / "secrets"
+    assert secrets_dir.stat().st_mode & 0o777 == 0o700
+    run_file = secrets_dir / f"{vault_run['run_id']}.json"
+    assert run_file.stat().st_mode & 0o777 == 0o600
+
+
