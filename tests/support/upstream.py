@@ -24,6 +24,9 @@ Routes (any method; HEAD gets the headers without the body):
   pieces (chunked on HTTP/1.1, close-delimited on HTTP/1.0, DATA frames under flow control on h2).
 * ``/slow/N``: waits N seconds (float, at most 60) then answers like the default route.
 * ``/response-headers?Name=Value&...``: the echo, with those headers added to the response.
+* ``/reflect?[encoding=gzip|deflate|br|zstd][&size=N][&split=K]``: every header value, the path and the query
+  given back raw, base64- and percent-encoded, also as ``X-Reflect-*`` response headers; compressed,
+  repeated to N bytes and sent in separate K-byte pieces on request.
 
 Every response carries ``X-Upstream: <name>``.  Every complete request is recorded in
 :attr:`HttpsUpstream.requests` before it is answered.  HTTP/1.1 keep-alive, ``Expect:
@@ -33,20 +36,30 @@ Every response carries ``X-Upstream: <name>``.  Every complete request is record
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import gzip
 import json
 import os
 import ssl
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote
+
+import brotli
+
+try:
+    from compression import zstd  # Python 3.14
+except ImportError:
+    from backports import zstd  # mitmproxy brings it
 
 import h2.config
 import h2.connection
@@ -160,8 +173,13 @@ class _Response:
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
     stream_len: int | None = None  # set for /bytes/N: body is generated, ``body`` unused
+    pieces: list[bytes] | None = None  # set for /reflect: sent as these separate writes (chunks)
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        if self.pieces is not None:
+            for piece in self.pieces:
+                yield piece
+            return
         if self.stream_len is None:
             if self.body:
                 yield self.body
@@ -477,7 +495,7 @@ class HttpsUpstream:
             *(f"{k}: {v}" for k, v in resp.headers),
         ]
         chunked = False
-        if resp.stream_len is not None:
+        if resp.stream_len is not None or resp.pieces is not None:
             if version == "1.1":
                 chunked = True
                 lines.append("Transfer-Encoding: chunked")
@@ -620,9 +638,10 @@ class HttpsUpstream:
         no_body = req["method"] == "HEAD" or resp.status in (204, 304)
         headers = [(":status", str(resp.status))]
         headers += [(k.lower(), v) for k, v in resp.headers]
-        if resp.stream_len is None and resp.status not in (204, 304):
+        streamed = resp.stream_len is not None or resp.pieces is not None
+        if not streamed and resp.status not in (204, 304):
             headers.append(("content-length", str(len(resp.body))))
-        if no_body or (resp.stream_len is None and not resp.body):
+        if no_body or (not streamed and not resp.body):
             conn.send_headers(stream_id, headers, end_stream=True)
             flush()
             await writer.drain()
@@ -676,6 +695,8 @@ class HttpsUpstream:
                 await asyncio.sleep(delay)
             if path == "/response-headers":
                 base += parse_qsl(query, keep_blank_values=True)
+            if path.startswith("/reflect"):
+                return self._reflect(req, query, base)
         except ValueError:
             return _Response(400, [*base, ("Content-Type", "text/plain")], f"bad {req['path']}\n".encode())
         return self._echo(req, query, base)
@@ -699,6 +720,44 @@ class HttpsUpstream:
         }
         body = json.dumps(doc).encode()
         return _Response(200, [*base, ("Content-Type", "application/json")], body)
+
+
+    def _reflect(self, req: dict[str, Any], query: str, base: list[tuple[str, str]]) -> _Response:
+        """Everything the request carried, given back every way a leak could happen: the echo plus base64 and
+        percent-encoded forms of each header value, the path and the query, also as response headers; then
+        optionally compressed (encoding=gzip|deflate|br|zstd), repeated to a large body (size=N), and sent in
+        separate pieces of `split` bytes so a value straddles piece boundaries."""
+        params = dict(parse_qsl(query, keep_blank_values=True))
+        echo = json.loads(self._echo(req, query, base).body)
+        values = {**{f"h-{name.lower()}": value for name, value in req["headers"]},
+                  "path": req["path"], "query": query}
+        echo["base64"] = {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}
+        echo["percent"] = {k: quote(v, safe="") for k, v in values.items()}
+        body = json.dumps(echo).encode()
+        size = min(int(params.get("size", "0")), MAX_BODY)
+        if size > len(body):
+            body = (body + b"\n") * (size // (len(body) + 1) + 1)
+        headers = [*base, ("Content-Type", "application/json")]
+        headers += [(f"X-Reflect-{name}", value) for name, value in req["headers"]
+                    if name.lower() not in ("host", "content-length", "transfer-encoding", "connection")]
+        encoding = params.get("encoding", "identity")
+        if encoding != "identity":
+            body = _compress(encoding, body)
+            headers.append(("Content-Encoding", encoding))
+        split = max(int(params.get("split", "0")), 0) or len(body) or 1
+        return _Response(200, headers, pieces=[body[i:i + split] for i in range(0, len(body), split)])
+
+
+def _compress(encoding: str, body: bytes) -> bytes:
+    if encoding == "gzip":
+        return gzip.compress(body)
+    if encoding == "deflate":
+        return zlib.compress(body)
+    if encoding == "br":
+        return brotli.compress(body)
+    if encoding == "zstd":
+        return zstd.compress(body)
+    raise ValueError(encoding)
 
 
 def _reason(status: int) -> str:
