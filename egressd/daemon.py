@@ -91,6 +91,7 @@ async def serve(config: Config) -> int:
         addons.ConnectGate(service),
         addons.UpstreamPin(service),
         addons.RequestGate(service),
+        addons.ReplyScrubber(service),  # before the ledger, which counts what the scrubber lets through
         addons.RequestLedger(service),
         addons.RunReaper(service),
     )

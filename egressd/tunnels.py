@@ -7,6 +7,7 @@ from egressd.audit import Subject
 from egressd.decision import Target
 from egressd.injection import RunSecrets
 from egressd.runs import Run
+from egressd.scrub import Scrubber
 
 
 @dataclass(slots=True)
@@ -18,6 +19,7 @@ class Tunnel:
     secrets: RunSecrets
     upstream_tls_error: str | None = None
     connect_timed_out: bool = False
+    scrubber: tuple[frozenset[str], Scrubber] | None = None  # built for these injected secrets' names
     connect_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 

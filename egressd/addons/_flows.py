@@ -3,7 +3,7 @@
 
 import time
 
-from mitmproxy import connection, http
+from mitmproxy import connection, ctx, http
 
 from egressd.audit import AuditLog, Subject
 from egressd.reasons import Decision
@@ -13,6 +13,7 @@ from egressd.refusal import REFUSED, refusal_response
 # the names of the secrets injected into it.
 ALLOWED = "egressd.allowed"
 INJECTED = "egressd.injected"
+CLIENT_PATH = "egressd.client_path"  # the path as the client sent it: with placeholders, never values
 
 
 def client_text(client: connection.Client) -> str:
@@ -25,7 +26,7 @@ def request_fields(flow: http.HTTPFlow, status: int | None, request_bytes: int =
     """The audit fields of a request: never its query, a header value or a secret's value (only names)."""
     return {
         "method": flow.request.method,
-        "path": flow.request.path.partition("?")[0],
+        "path": flow.metadata.get(CLIENT_PATH) or flow.request.path.partition("?")[0],
         "status": status,
         "request_bytes": request_bytes,
         "response_bytes": response_bytes,
@@ -41,3 +42,20 @@ def refuse(audit: AuditLog, flow: http.HTTPFlow, decision: Decision, subject: Su
     audit.record(event, "deny", decision.reason.value, subject, **extra)
     flow.response = refusal_response(decision, subject.host, subject.run_id)
     flow.metadata[REFUSED] = decision.reason.value
+
+
+def cut_clients(client_ids: set[str], why: str) -> None:
+    """Cuts client connections at once: the transport is aborted (buffered bytes are dropped, so nothing
+    half-sent can look complete) and mitmproxy's handler for it is cancelled."""
+    proxyserver = ctx.master.addons.get("proxyserver")
+    for handler in list(proxyserver.connections.values()):
+        if handler.client.id not in client_ids:
+            continue
+        io = handler.transports.get(handler.client)
+        if io is None:
+            continue
+        transport = getattr(io.writer, "transport", None)
+        if transport is not None:
+            transport.abort()
+        if io.handler is not None:
+            io.handler.cancel(why)

@@ -5,7 +5,7 @@ import time
 
 from mitmproxy import http
 
-from egressd.addons._flows import ALLOWED, INJECTED, refuse, request_fields
+from egressd.addons._flows import ALLOWED, CLIENT_PATH, INJECTED, refuse, request_fields
 from egressd.decision import RequestFacts, decide_request
 from egressd.injection import inject
 from egressd.reasons import ALLOW, Decision, Reason, deny
@@ -60,6 +60,7 @@ class RequestGate:
         if isinstance(injected, Decision):
             return injected
         if injected.names:
+            flow.metadata[CLIENT_PATH] = path
             request.headers.fields = tuple(
                 (name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape"))
                 for name, value in injected.headers

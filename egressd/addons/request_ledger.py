@@ -7,6 +7,7 @@ from collections.abc import Callable
 from mitmproxy import http
 
 from egressd.addons._flows import ALLOWED, request_fields
+from egressd.refusal import REFUSED
 from egressd.service import Service
 from egressd.tunnels import Tunnel
 
@@ -14,12 +15,19 @@ _SENT = "egressd.request_bytes"
 _RECEIVED = "egressd.response_bytes"
 
 
-def _counter(flow: http.HTTPFlow, key: str) -> Callable[[bytes], bytes]:
+Stream = Callable[[bytes], bytes | list[bytes]]
+
+
+def _counter(flow: http.HTTPFlow, key: str, inner: Stream | None = None) -> Stream:
+    """The outermost stream function of a body: counts what passes, after `inner` (e.g. the scrubber)."""
     flow.metadata[key] = 0
 
-    def count(chunk: bytes) -> bytes:
-        flow.metadata[key] += len(chunk)
-        return chunk
+    def count(chunk: bytes) -> bytes | list[bytes]:
+        out = inner(chunk) if inner is not None else chunk
+        assert isinstance(out, bytes)
+        flow.metadata[key] += len(out)
+        # Nothing to pass on yet: no write at all, since an empty write would end a chunked HTTP/1 body.
+        return out if out else []
 
     return count
 
@@ -35,7 +43,9 @@ class RequestLedger:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         tunnel: Tunnel | None = flow.metadata.get(ALLOWED)
         if tunnel is not None and flow.response is not None:
-            flow.response.stream = _counter(flow, _RECEIVED)
+            # Counts what goes back to the client: after the reply scrubber, when there is one.
+            inner = flow.response.stream
+            flow.response.stream = _counter(flow, _RECEIVED, inner if callable(inner) else None)
             waited = (flow.response.timestamp_start or time.time()) - flow.request.timestamp_start
             self.service.metrics.request_duration.labels(tunnel.run.policy).observe(max(waited, 0.0))
 
@@ -58,4 +68,5 @@ class RequestLedger:
         fields = request_fields(flow, status, sent, received)
         if flow.error is not None:
             fields["error"] = flow.error.msg
-        self.service.audit.record("request", "allow", None, tunnel.subject, **fields)
+        refused = flow.metadata.get(REFUSED)  # the reply was refused after the request went out
+        self.service.audit.record("request", "deny" if refused else "allow", refused, tunnel.subject, **fields)

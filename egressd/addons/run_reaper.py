@@ -5,8 +5,7 @@ import contextlib
 import logging
 import time
 
-from mitmproxy import ctx
-
+from egressd.addons._flows import cut_clients
 from egressd.service import Service
 
 log = logging.getLogger(__name__)
@@ -44,11 +43,6 @@ class RunReaper:
         if not refused:
             return
         doomed = set(service.tunnels.clients_of(set(refused)))
-        proxyserver = ctx.master.addons.get("proxyserver")
-        for handler in list(proxyserver.connections.values()):
-            if handler.client.id in doomed:
-                transport = handler.transports.get(handler.client)
-                if transport is not None and transport.handler is not None:
-                    transport.handler.cancel("egressd: run no longer active")
+        cut_clients(doomed, "egressd: run no longer active")
         for client_id in doomed:
             service.tunnels.close(client_id)

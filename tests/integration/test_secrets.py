@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.dns_server import ScriptedDNS
-from tests.support.egressd_process import Egressd
+from tests.support.egressd_process import CurlResult, Egressd
 from tests.support.upstream import HttpsUpstream
 
 API_TOKEN = "CANARY-api-token-4f1d9c2b7e"
@@ -213,3 +213,80 @@ def test_secrets_dir_and_files_are_private(vault: Egressd, vault_run: dict) -> N
     assert run_file.stat().st_mode & 0o777 == 0o600
 
 
+
+
+# --- replies are scrubbed -----------------------------------------------------------------------------------
+
+def reflect(vault: Egressd, vault_run: dict, query: str, *args: str) -> CurlResult:
+    ph = vault_run["placeholders"]
+    return vault.curl(f"https://api.example.test/reflect/{ph['RUN_TOKEN']}?key={ph['API_TOKEN']}&{query}",
+                      vault_run["token"], "-H", f"Authorization: Bearer {ph['API_TOKEN']}",
+                      "-H", f"X-Api-Key: {ph['HEADER_ONLY']}", "-u", f"bot:{ph['API_TOKEN']}", *args)
+
+
+@pytest.mark.parametrize("query", [
+    "plain=1",
+    "encoding=gzip", "encoding=deflate", "encoding=br", "encoding=zstd",
+    "split=7", "split=1",
+    "encoding=gzip&split=5",
+    "size=3000000&split=65536",
+    "size=2000000&encoding=gzip&split=4096",
+])
+@pytest.mark.parametrize("http", ["--http1.1", "--http2"])
+def test_replies_never_carry_a_value(vault: Egressd, vault_run: dict, upstream: HttpsUpstream, query: str,
+                                     http: str) -> None:
+    result = reflect(vault, vault_run, query, http, "--compressed")
+    assert result.status == 200, (result.status, result.body[:300])
+    # The upstream saw the real values...
+    seen = last_request(upstream, "/reflect/")
+    assert header(seen, "x-api-key") == HEADER_ONLY
+    # ...the client sees placeholders only, in the body and in every header.
+    assert_no_canary(result.body, "a reply body")
+    assert_no_canary(json.dumps(result.headers), "reply headers")
+    first = json.loads(result.body.split("\n", 1)[0])
+    assert first["headers"]["x-api-key"] == vault_run["placeholders"]["HEADER_ONLY"]
+    assert result.headers["x-reflect-x-api-key"] == vault_run["placeholders"]["HEADER_ONLY"]
+
+
+def test_a_reply_that_cannot_be_scrubbed_is_refused(vault: Egressd, vault_run: dict) -> None:
+    ph = vault_run["placeholders"]
+    result = vault.curl("https://api.example.test/response-headers?Content-Encoding=x-unknown",
+                        vault_run["token"], "-H", f"Authorization: Bearer {ph['API_TOKEN']}")
+    assert result.status == 502 and result.headers["x-egressd-reason"] == "scrub_failed"
+    assert json.loads(result.body)["reason"] == "scrub_failed"
+    vault.wait_audit(lambda a: a["reason"] == "scrub_failed")
+
+
+@pytest.mark.parametrize("http", ["--http1.1", "--http2"])
+def test_a_reply_that_breaks_mid_stream_is_cut_off(vault: Egressd, vault_run: dict, http: str) -> None:
+    result = reflect(vault, vault_run, "size=2000000&encoding=gzip&split=16384&corrupt=1", http, "--compressed")
+    assert result.exit_code != 0  # the client sees a broken reply, never one that looks whole
+    assert_no_canary(result.body, "a cut-off reply")
+    vault.wait_audit(lambda a: a["reason"] == "scrub_failed" and a["event"] == "request")
+    assert vault.alive()
+
+
+def test_scrubs_are_counted(vault: Egressd, vault_run: dict) -> None:
+    reflect(vault, vault_run, "plain=1")
+    metrics = vault.metrics()
+    assert metrics[("egressd_scrubbed_replies_total", (("policy", "vault"), ("secret", "API_TOKEN")))] > 0
+    assert metrics[("egressd_secret_injections_total", (("policy", "vault"), ("secret", "API_TOKEN")))] > 0
+
+
+def test_canary_values_are_nowhere(vault: Egressd, vault_run: dict, run_token_file: Path) -> None:
+    """After a whole session of injections, refusals and scrubbed replies, no form of any value is in the
+    audit log, the daemon's output, any CLI output, or the state dir outside the secrets store."""
+    outputs = [vault.cli("token", "list").stdout, vault.cli("policy", "reload").stdout,
+               vault.cli("ca", "cert").stdout,
+               vault.cli("policy", "explain", "--policy", "vault", "GET", "https://api.example.test/").stdout,
+               vault.cli("token", "mint", "--policy", "vault", "--secret", f"RUN_TOKEN=@{run_token_file}").stdout,
+               vault.cli("token", "mint", "--policy", "vault", "--secret", f"RUN_TOKEN={RUN_TOKEN}").stderr,
+               vault.http_get("/metrics")[1]]
+    for output in outputs:
+        assert_no_canary(output, "CLI or endpoint output")
+    assert_no_canary(vault.audit_path.read_text(), "the audit log")
+    assert_no_canary(vault.log(), "egressd's stdout and stderr")
+    state = vault.root / "var"
+    for path in state.rglob("*"):
+        if path.is_file() and path.parent != state / "secrets":
+            assert_no_canary(path.read_bytes().decode("latin-1"), str(path))

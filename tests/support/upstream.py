@@ -24,9 +24,9 @@ Routes (any method; HEAD gets the headers without the body):
   pieces (chunked on HTTP/1.1, close-delimited on HTTP/1.0, DATA frames under flow control on h2).
 * ``/slow/N``: waits N seconds (float, at most 60) then answers like the default route.
 * ``/response-headers?Name=Value&...``: the echo, with those headers added to the response.
-* ``/reflect?[encoding=gzip|deflate|br|zstd][&size=N][&split=K]``: every header value, the path and the query
-  given back raw, base64- and percent-encoded, also as ``X-Reflect-*`` response headers; compressed,
-  repeated to N bytes and sent in separate K-byte pieces on request.
+* ``/reflect?[encoding=gzip|deflate|br|zstd][&size=N][&split=K][&corrupt=1]``: every header value, the path
+  and the query given back raw, base64- and percent-encoded, also as ``X-Reflect-*`` response headers;
+  compressed, repeated to N bytes, sent in separate K-byte pieces, its second half garbled, on request.
 
 Every response carries ``X-Upstream: <name>``.  Every complete request is recorded in
 :attr:`HttpsUpstream.requests` before it is answered.  HTTP/1.1 keep-alive, ``Expect:
@@ -744,6 +744,8 @@ class HttpsUpstream:
         if encoding != "identity":
             body = _compress(encoding, body)
             headers.append(("Content-Encoding", encoding))
+        if params.get("corrupt"):  # garbage from the middle on: a stream that breaks after it started
+            body = body[: len(body) // 2] + bytes(255 - b for b in body[len(body) // 2:])
         split = max(int(params.get("split", "0")), 0) or len(body) or 1
         return _Response(200, headers, pieces=[body[i:i + split] for i in range(0, len(body), split)])
 
