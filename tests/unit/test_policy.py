@@ -434,3 +434,40 @@ def test_policies_are_immutable() -> None:
     policy = parse_policy(MINIMAL, SOURCE)
     with pytest.raises(ValueError, match="frozen"):
         policy.version = 2  # type: ignore[misc]
+
+
+# --- secret bindings ---------------------------------------------------------------------------------------
+
+SECRET_BASE = 'name = "s"\nversion = 1\n[[allow]]\nhost = "api.github.com"\nreason = "r"\n'
+
+
+def test_secret_binding_parses_and_normalizes() -> None:
+    policy = parse_policy(SECRET_BASE + '[[secret]]\nname = "GITHUB_TOKEN"\nhosts = ["API.GitHub.com."]\n'
+                          'where = ["header:Authorization", "query"]\n', "s.toml")
+    binding = policy.binding("GITHUB_TOKEN")
+    assert binding is not None and binding.hosts == ("api.github.com",)
+    assert binding.allows_place("header:authorization") and binding.allows_place("query")
+    assert not binding.allows_place("path") and not binding.allows_place("header:x-other")
+    star = parse_policy(SECRET_BASE + '[[secret]]\nname = "T"\nhosts = ["api.github.com"]\nwhere = ["header:*"]\n',
+                        "s.toml").secret[0]
+    assert star.allows_place("header:x-anything") and not star.allows_place("query")
+
+
+@pytest.mark.parametrize(("secret", "expected"), [
+    ('name = "T"\nhosts = ["evil.test"]\n', "secret[0].hosts: T is bound to evil.test, which no [[allow]] rule"),
+    ('name = "lower"\nhosts = ["api.github.com"]\n', "secret[0].name"),
+    ('name = "T"\nhosts = []\n', "secret[0].hosts"),
+    ('name = "T"\nhosts = ["api.github.com"]\nwhere = ["body"]\n', "'body' is not a place"),
+    ('name = "T"\nhosts = ["api.github.com"]\nwhere = []\n', "secret[0].where"),
+    ('name = "T"\nhosts = ["*.github.com"]\n', "wildcard"),
+])
+def test_bad_secret_bindings_are_refused(secret: str, expected: str) -> None:
+    with pytest.raises(PolicyError) as refused:
+        parse_policy(SECRET_BASE + "[[secret]]\n" + secret, "s.toml")
+    assert expected in str(refused.value) and "s.toml" in str(refused.value)
+
+
+def test_a_secret_bound_twice_is_refused() -> None:
+    twice = '[[secret]]\nname = "T"\nhosts = ["api.github.com"]\n' * 2
+    with pytest.raises(PolicyError, match="bound more than once"):
+        parse_policy(SECRET_BASE + twice, "s.toml")
