@@ -35,6 +35,13 @@ def request_fields(flow: http.HTTPFlow, status: int | None, request_bytes: int =
     }
 
 
+def set_fields(headers: http.Headers, pairs: list[tuple[str, str]]) -> None:
+    """Replaces header (or trailer) fields with str pairs, encoded back exactly as mitmproxy decoded them."""
+    headers.fields = tuple(
+        (name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape")) for name, value in pairs
+    )
+
+
 def refuse(audit: AuditLog, flow: http.HTTPFlow, decision: Decision, subject: Subject, event: str,
            **extra: object) -> None:
     """Audits the refusal, then answers the flow with it: the line is written before the response goes out."""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from mitmproxy import http
 
-from egressd.addons._flows import ALLOWED, cut_clients
+from egressd.addons._flows import ALLOWED, cut_clients, set_fields
 from egressd.reasons import Reason, deny
 from egressd.refusal import REFUSED, refusal_response
 from egressd.scrub import BodyScrubber, Scrubber, ScrubError, Secret, body_scrubber
@@ -33,12 +33,7 @@ class ReplyScrubber:
             return
         scrubber = _scrubber(tunnel, names)
         found: set[str] = set()
-        fields = []
-        for name, value in response.headers.items(multi=True):
-            scrubbed, hits = scrubber.scrub_text(value)
-            found |= hits
-            fields.append((name.encode("utf-8", "surrogateescape"), scrubbed.encode("utf-8", "surrogateescape")))
-        response.headers.fields = tuple(fields)
+        _scrub_fields(scrubber, response.headers, found)
         flow.metadata[SCRUBBED] = found
         if _has_no_body(flow):
             return
@@ -58,9 +53,27 @@ class ReplyScrubber:
 
     def response(self, flow: http.HTTPFlow) -> None:
         tunnel: Tunnel | None = flow.metadata.get(ALLOWED)
-        for name in flow.metadata.get(SCRUBBED, ()):
-            if tunnel is not None:
-                self.service.metrics.scrubbed_replies.labels(tunnel.run.policy, name).inc()
+        if tunnel is None or SCRUBBED not in flow.metadata:
+            return
+        found: set[str] = flow.metadata[SCRUBBED]
+        if flow.response is not None and flow.response.trailers and tunnel.scrubber is not None:
+            _scrub_fields(tunnel.scrubber[1], flow.response.trailers, found)  # trailers go after this hook
+        for name in found:
+            self.service.metrics.scrubbed_replies.labels(tunnel.run.policy, name).inc()
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """Messages from the upstream of an allowed WebSocket are scrubbed like any reply."""
+        tunnel = self.service.tunnels.get(flow.client_conn.id)
+        if tunnel is None or flow.websocket is None:
+            return
+        message = flow.websocket.messages[-1]
+        names = frozenset(self.service.injected_names(tunnel.run.run_id))
+        if message.from_client or not names:
+            return
+        scrubbed, found = _scrubber(tunnel, names).scrub(message.content)
+        message.content = scrubbed
+        for name in found:
+            self.service.metrics.scrubbed_replies.labels(tunnel.run.policy, name).inc()
 
     def _stream(self, flow: http.HTTPFlow, body: BodyScrubber, found: set[str]) -> Callable[[bytes], bytes]:
         failed = False
@@ -111,6 +124,16 @@ def _scrubber(tunnel: Tunnel, names: frozenset[str]) -> Scrubber:
             for name in sorted(names) if name in tunnel.secrets.values
         ])
     return tunnel.scrubber[1]
+
+
+def _scrub_fields(scrubber: Scrubber, headers: http.Headers, found: set[str]) -> None:
+    """Scrubs every header (or trailer) value in place; names are left as they are."""
+    pairs = []
+    for name, value in headers.items(multi=True):
+        scrubbed, hits = scrubber.scrub_text(value)
+        found |= hits
+        pairs.append((name, scrubbed))
+    set_fields(headers, pairs)
 
 
 def _has_no_body(flow: http.HTTPFlow) -> bool:

@@ -5,7 +5,7 @@ import time
 
 from mitmproxy import http
 
-from egressd.addons._flows import ALLOWED, CLIENT_PATH, INJECTED, refuse, request_fields
+from egressd.addons._flows import ALLOWED, CLIENT_PATH, INJECTED, refuse, request_fields, set_fields
 from egressd.decision import RequestFacts, decide_request
 from egressd.injection import inject
 from egressd.reasons import ALLOW, Decision, Reason, deny
@@ -61,10 +61,7 @@ class RequestGate:
             return injected
         if injected.names:
             flow.metadata[CLIENT_PATH] = path
-            request.headers.fields = tuple(
-                (name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape"))
-                for name, value in injected.headers
-            )
+            set_fields(request.headers, injected.headers)
             request.path = injected.path + sep + injected.query
             flow.metadata[INJECTED] = injected.names
             self.service.record_injection(tunnel.run, injected.names)
