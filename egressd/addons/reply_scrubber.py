@@ -138,5 +138,6 @@ def _scrub_fields(scrubber: Scrubber, headers: http.Headers, found: set[str]) ->
 
 def _has_no_body(flow: http.HTTPFlow) -> bool:
     assert flow.response is not None
-    return (flow.request.method == "HEAD" or flow.response.status_code in (204, 304)
+    status = flow.response.status_code
+    return (flow.request.method == "HEAD" or status < 200 or status in (204, 304)  # 101: a WebSocket follows
             or flow.response.headers.get("content-length") == "0")

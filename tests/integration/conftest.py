@@ -1,9 +1,9 @@
 """Shared fixtures: a scripted DNS server, HTTPS upstreams, a canary, and one real egressd daemon.
 
 Names the DNS server knows (allow_cidrs opens only 127.0.0.8/29, where the upstreams live):
-api/www/ws.example.test → the echo upstream 127.0.0.10; badcert.example.test → 127.0.0.12 (certificate
-for another name); closed.example.test → 127.0.0.13 (nothing listens); blackhole.example.test → 127.0.0.14 (SYNs
-dropped); canary.example.test → the canary
+api/www.example.test → the echo upstream 127.0.0.10; ws.example.test → a WebSocket upstream 127.0.0.11;
+badcert.example.test → 127.0.0.12 (certificate for another name); closed.example.test → 127.0.0.13
+(nothing listens); blackhole.example.test → 127.0.0.14 (SYNs dropped); canary.example.test → the canary
 127.0.0.99 (forbidden); and others scripted per test.
 """
 
@@ -18,6 +18,7 @@ from tests.support.dns_server import ScriptedDNS
 from tests.support.egressd_process import Egressd, curl_path
 from tests.support.netns import require_isolated_netns
 from tests.support.upstream import HttpsUpstream, make_test_ca, write_ca_pem
+from tests.support.websocket import WebSocketUpstream
 
 TEST_POLICY = """
 name = "test"
@@ -105,8 +106,9 @@ def dns() -> Iterator[ScriptedDNS]:
 
 
 def script_names(server: ScriptedDNS) -> None:
-    for name in ("api.example.test", "www.example.test", "ws.example.test", "other.example.test"):
+    for name in ("api.example.test", "www.example.test", "other.example.test"):
         server.add(name, "127.0.0.10")
+    server.add("ws.example.test", "127.0.0.11")
     server.add("badcert.example.test", "127.0.0.12")
     server.add("closed.example.test", "127.0.0.13")
     server.add("blackhole.example.test", "127.0.0.14")
@@ -122,8 +124,14 @@ def script_names(server: ScriptedDNS) -> None:
 
 @pytest.fixture(scope="session")
 def upstream(test_ca: trustme.CA) -> Iterator[HttpsUpstream]:
-    names = ("api.example.test", "www.example.test", "ws.example.test", "other.example.test")
+    names = ("api.example.test", "www.example.test", "other.example.test")
     with HttpsUpstream(ip="127.0.0.10", ca=test_ca, hostnames=names, name="up1") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def websocket_upstream(test_ca: trustme.CA) -> Iterator[WebSocketUpstream]:
+    with WebSocketUpstream("127.0.0.11", test_ca, ("ws.example.test",)) as server:
         yield server
 
 

@@ -13,6 +13,7 @@ from tests.support.canary import Canary
 from tests.support.dns_server import ScriptedDNS
 from tests.support.egressd_process import Egressd, basic, read_response
 from tests.support.upstream import HttpsUpstream
+from tests.support.websocket import WebSocketUpstream, websocket_exchange
 
 
 def assert_refusal(status: int, headers: dict[str, str], body: bytes | str, reason: str, expected_status: int,
@@ -274,6 +275,16 @@ def test_websocket_not_allowed(egressd: Egressd, run: dict) -> None:
                           "-H", "Sec-WebSocket-Version: 13", "-H", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
     assert_refusal(result.status, result.headers, result.body, "websocket_not_allowed", 403, run["run_id"])
     egressd.wait_audit(lambda a: a["reason"] == "websocket_not_allowed")
+
+
+def test_websocket_where_the_rule_allows_it(egressd: Egressd, run: dict,
+                                            websocket_upstream: WebSocketUpstream) -> None:
+    with egressd.tunnel("ws.example.test", run["token"]) as sock:
+        tls = egressd.tls_in_tunnel(sock, "ws.example.test")
+        status, received = websocket_exchange(tls, "ws.example.test", "/chat", [], ["hello"])
+    assert status == 101
+    assert received[1:] == ["echo:hello"]
+    assert websocket_upstream.received[-1] == "hello"
 
 
 def test_policy_gone(fresh_egressd: Egressd) -> None:

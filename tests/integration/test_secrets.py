@@ -15,6 +15,7 @@ import pytest
 from tests.support.dns_server import ScriptedDNS
 from tests.support.egressd_process import CurlResult, Egressd
 from tests.support.upstream import HttpsUpstream
+from tests.support.websocket import WebSocketUpstream, websocket_exchange
 
 API_TOKEN = "CANARY-api-token-4f1d9c2b7e"
 HEADER_ONLY = "CANARY-header-only-8a3e5d0c"
@@ -33,9 +34,14 @@ reason = "the API the secrets are for"
 host = "www.example.test"
 reason = "another allowed host, bound to no secret"
 
+[[allow]]
+host = "ws.example.test"
+reason = "a WebSocket API that authenticates its handshake"
+websocket = true
+
 [[secret]]
 name = "API_TOKEN"
-hosts = ["api.example.test"]
+hosts = ["api.example.test", "ws.example.test"]
 
 [[secret]]
 name = "HEADER_ONLY"
@@ -264,6 +270,20 @@ def test_a_reply_that_breaks_mid_stream_is_cut_off(vault: Egressd, vault_run: di
     assert_no_canary(result.body, "a cut-off reply")
     vault.wait_audit(lambda a: a["reason"] == "scrub_failed" and a["event"] == "request")
     assert vault.alive()
+
+
+def test_websocket_messages_are_scrubbed(vault: Egressd, vault_run: dict,
+                                         websocket_upstream: WebSocketUpstream) -> None:
+    placeholder = vault_run["placeholders"]["API_TOKEN"]
+    with vault.tunnel("ws.example.test", vault_run["token"]) as sock:
+        tls = vault.tls_in_tunnel(sock, "ws.example.test")
+        status, received = websocket_exchange(tls, "ws.example.test", "/live",
+                                              [("Authorization", f"Bearer {placeholder}")], ["hi"])
+    assert status == 101
+    # The upstream got the value in the handshake and sent it back in a message: the run reads a placeholder.
+    assert received[0] == f"authorization=Bearer {placeholder}"
+    assert received[1:] == ["echo:hi"]
+    assert_no_canary(json.dumps(received), "WebSocket messages")
 
 
 def test_scrubs_are_counted(vault: Egressd, vault_run: dict) -> None:
