@@ -10,30 +10,17 @@ ratio uvloop / asyncio (> 1 means uvloop is faster). Bounded: a fixed request co
 
 import argparse
 import json
-import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.support.dns_server import ScriptedDNS  # noqa: E402
-from tests.support.egressd_process import Egressd  # noqa: E402
-from tests.support.upstream import HttpsUpstream, make_test_ca, write_ca_pem  # noqa: E402
+from _harness import Egressd, isolate, loopback_world
 
 POLICY = 'name = "bench"\nversion = 1\n[[allow]]\nhost = "api.example.test"\nreason = "load target"\n'
 # Starts egressd with uvloop as the event loop; everything else exactly as `egressd serve`.
 UVLOOP_ENTRY = "import sys, uvloop; uvloop.install(); from egressd.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def isolated() -> bool:
-    return sorted(name for _, name in socket.if_nameindex()) == ["lo"]
 
 
 def hey(proxy_url: str, requests: int, concurrency: int, keepalive: bool) -> float:
@@ -63,22 +50,15 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    if not isolated():
-        if os.geteuid() != 0:
-            sys.exit("bench/loops.py: run as root (it makes a network namespace of its own)")
-        script = 'ip link set lo up && exec "$0" "$@"'
-        os.execvp("unshare", ["unshare", "--net", "--", "/bin/sh", "-c", script, sys.executable, *sys.argv])  # noqa: S606
+    isolate()
     if shutil.which("hey") is None:
         sys.exit("bench/loops.py: needs hey (apt-get install hey)")
 
-    root = Path(tempfile.mkdtemp(prefix="egressd-bench-"))
-    ca = make_test_ca()
-    ca_pem = write_ca_pem(ca, root / "upstream-ca.pem")
-    with ScriptedDNS() as dns, HttpsUpstream(ip="127.0.0.10", ca=ca, hostnames=("api.example.test",)):
-        dns.add("api.example.test", "127.0.0.10")
+    with loopback_world() as (root, dns, ca_pem):
         daemons = {}
         for index, (name, uv) in enumerate((("asyncio", False), ("uvloop", True))):
-            daemon = LoopDaemon(root / name, dns.server_spec, ca_pem, listen=f"127.0.0.1:{3128 + index}", uvloop=uv)
+            daemon = LoopDaemon(root / name, dns.server_spec, ca_pem, listen=f"127.0.0.1:{3128 + index}",
+                                metrics=f"127.0.0.1:{9464 + index}", uvloop=uv)
             daemon.write_policy("bench.toml", POLICY)
             try:
                 daemons[name] = daemon.start()
@@ -108,7 +88,6 @@ def main() -> int:
         report[label] = {"asyncio": base, "uvloop": uv, "ratio": round(uv / base, 3)}
         print(f"{label:<18} {base:>14.0f} {uv:>13.0f} {uv / base:>15.2f}")
     print(json.dumps(report))
-    shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
