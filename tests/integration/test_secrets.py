@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.dns_server import ScriptedDNS
-from tests.support.egressd_process import CurlResult, Egressd
+from tests.support.egressd_process import CurlResult, Egressd, rss_kib
 from tests.support.upstream import HttpsUpstream
 from tests.support.websocket import WebSocketUpstream, websocket_exchange
 
@@ -252,6 +252,17 @@ def test_replies_never_carry_a_value(vault: Egressd, vault_run: dict, upstream: 
     first = json.loads(result.body.split("\n", 1)[0])
     assert first["headers"]["x-api-key"] == vault_run["placeholders"]["HEADER_ONLY"]
     assert result.headers["x-reflect-x-api-key"] == vault_run["placeholders"]["HEADER_ONLY"]
+
+
+def test_scrubbing_a_large_reply_keeps_memory_flat(vault: Egressd, vault_run: dict) -> None:
+    assert vault.process is not None
+    reflect(vault, vault_run, "size=1000000&split=65536")  # warm up: buffers, caches
+    before = rss_kib(vault.process.pid)
+    result = reflect(vault, vault_run, "size=48000000&split=65536")
+    assert result.status == 200 and len(result.body) >= 48_000_000
+    assert_no_canary(result.body, "a large reply")
+    grown_mib = (rss_kib(vault.process.pid) - before) / 1024
+    assert grown_mib < 32, f"egressd grew by {grown_mib:.0f} MiB scrubbing a 48 MB reply"
 
 
 def test_a_reply_that_cannot_be_scrubbed_is_refused(vault: Egressd, vault_run: dict) -> None:
