@@ -42,7 +42,6 @@ Every question received (including dropped and timed-out ones) is logged in :att
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import socket
 import struct
@@ -63,12 +62,13 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
+from tests.support.loop_thread import LoopThread
+
 __all__ = ["DefaultOutcome", "QueryRecord", "ScriptedDNS"]
 
 DefaultOutcome = Literal["nxdomain", "servfail", "refused", "timeout", "noerror"]
 
 _MAX_CHAIN = 16
-_START_TIMEOUT = 5.0
 _TCP_IDLE_TIMEOUT = 30.0
 _ROOT_SOA = "a.root.test. hostmaster.root.test. 1 3600 600 86400 0"
 
@@ -127,8 +127,7 @@ class ScriptedDNS:
         self._query_cond = threading.Condition(self._lock)
         self._entries: dict[str, _Entry] = {}
         self._log: list[QueryRecord] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._lt = LoopThread("ScriptedDNS")
         self._udp_transport: asyncio.DatagramTransport | None = None
         self._tcp_server: asyncio.Server | None = None
         self._tcp_tasks: set[asyncio.Task[None]] = set()
@@ -150,33 +149,13 @@ class ScriptedDNS:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def start(self) -> Self:
-        if self._thread is not None:
+        if self._lt.thread is not None:
             raise RuntimeError("ScriptedDNS already started")
         udp_sock, tcp_sock = self._bind_pair()
         self._port = udp_sock.getsockname()[1]
-        loop = asyncio.new_event_loop()
-        loop.set_exception_handler(lambda _loop, _ctx: None)  # a bad client must not spam or crash
-        self._loop = loop
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(ready.set)
-            try:
-                loop.run_forever()
-            finally:
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name=f"ScriptedDNS-{self.server_spec}", daemon=True)
-        self._thread.start()
-        if not ready.wait(_START_TIMEOUT):
-            raise RuntimeError("ScriptedDNS loop did not start")
-        future = asyncio.run_coroutine_threadsafe(self._serve(udp_sock, tcp_sock), loop)
-        future.result(_START_TIMEOUT)
+        self._lt.name = f"ScriptedDNS-{self.server_spec}"
+        self._lt.start()
+        self._lt.run(self._serve(udp_sock, tcp_sock))
         return self
 
     def _bind_pair(self) -> tuple[socket.socket, socket.socket]:
@@ -210,15 +189,7 @@ class ScriptedDNS:
         self._tcp_server = await asyncio.start_server(self._handle_tcp, sock=tcp_sock)
 
     def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(_START_TIMEOUT)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(_START_TIMEOUT)
-        self._loop = None
-        self._thread = None
+        self._lt.stop(self._shutdown)
 
     async def _shutdown(self) -> None:
         if self._udp_transport is not None:

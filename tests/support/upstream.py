@@ -46,7 +46,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -68,6 +68,8 @@ import h2.events
 import h2.exceptions
 import trustme
 
+from tests.support.loop_thread import LoopThread
+
 __all__ = [
     "MAX_BODY",
     "MAX_SLOW",
@@ -81,7 +83,6 @@ __all__ = [
 MAX_BODY = 64 * 1024 * 1024  # largest /bytes/N answer and largest request body accepted
 MAX_SLOW = 60.0  # longest /slow/N wait, seconds
 _CHUNK = 64 * 1024
-_START_TIMEOUT = 5.0
 _IDLE_TIMEOUT = 30.0
 _HANDSHAKE_TIMEOUT = 5.0
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -105,66 +106,6 @@ def expected_bytes(n: int, offset: int = 0) -> bytes:
     start = offset % 256
     reps = (start + n) // len(_PATTERN) + 1
     return (_PATTERN * reps)[start : start + n]
-
-
-class _LoopThread:
-    """An asyncio loop in a daemon thread; exceptions the loop would log are kept, not printed."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.thread: threading.Thread | None = None
-        self.errors: list[str] = []
-
-    def start(self) -> asyncio.AbstractEventLoop:
-        loop = asyncio.new_event_loop()
-
-        def on_error(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-            exc = context.get("exception")
-            self.errors.append(
-                f"{context.get('message', '')}: {exc!r}" if exc else str(context.get("message"))
-            )
-
-        loop.set_exception_handler(on_error)
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(ready.set)
-            try:
-                loop.run_forever()
-            finally:
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.close()
-
-        self.loop = loop
-        self.thread = threading.Thread(target=run, name=self.name, daemon=True)
-        self.thread.start()
-        if not ready.wait(_START_TIMEOUT):
-            raise RuntimeError(f"{self.name}: event loop did not start")
-        return loop
-
-    def run[T](self, coro: Awaitable[T], timeout: float = _START_TIMEOUT) -> T:
-        assert self.loop is not None
-
-        async def wrapper() -> T:
-            return await coro
-
-        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result(timeout)
-
-    def stop(self, shutdown: Callable[[], Awaitable[None]]) -> None:
-        loop, thread = self.loop, self.thread
-        if loop is None or thread is None:
-            return
-        with contextlib.suppress(Exception):
-            self.run(shutdown())
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(_START_TIMEOUT)
-        self.loop = None
-        self.thread = None
 
 
 @dataclass
@@ -220,7 +161,7 @@ class HttpsUpstream:
         self._requests: list[dict[str, Any]] = []
         self._connections = 0
         self._sni: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self._lt = _LoopThread(f"HttpsUpstream-{name}")
+        self._lt = LoopThread(f"HttpsUpstream-{name}")
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -778,7 +719,7 @@ class TcpOnly:
         self._port: int | None = None
         self._accepts = 0
         self._lock = threading.Lock()
-        self._lt = _LoopThread(f"TcpOnly-{ip}:{port}")
+        self._lt = LoopThread(f"TcpOnly-{ip}:{port}")
         self._server: asyncio.Server | None = None
 
     async def _handle(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
