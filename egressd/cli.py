@@ -12,6 +12,7 @@ from egressd.ca import CERT, CAError
 from egressd.config import Config, ConfigError, load_config
 from egressd.control import ControlError, call
 from egressd.policy import PolicyError, parse_policy
+from egressd.sandbox import HOME
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -144,6 +145,27 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from egressd.launcher import LaunchError, RunRequest, launch, parse_size, print_outcome
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise CliError("egressd run: give the command after --")
+    name, version = args.policy
+    try:
+        request = RunRequest(policy=name, version=version, command=command, secrets=_secret_values(args.secret),
+                             timeout=args.timeout, memory=parse_size(args.memory), pids=args.pids,
+                             ro=[Path(p) for p in args.ro], rw=[Path(p) for p in args.rw],
+                             workdir=args.workdir or HOME, require_seccomp=args.require_seccomp)
+        if not 0 < request.timeout <= 7 * 24 * 3600 or request.pids < 1:
+            raise LaunchError("--timeout must be 1 s to 7 days and --pids at least 1")
+        outcome = launch(_config(args), Path(args.config) if args.config else None, request)
+    except LaunchError as err:
+        raise CliError(str(err)) from None
+    print_outcome(outcome, args.json)
+    return outcome.exit_status
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="egressd", description=__doc__)
     parser.add_argument("--version", action="version", version=f"egressd {__version__}")
@@ -183,6 +205,19 @@ def _parser() -> argparse.ArgumentParser:
     revoke = leaf(token, "revoke", cmd_token_revoke, "revoke a run; its tunnels close within a second")
     revoke.add_argument("run_id", metavar="RUN_ID")
     leaf(token, "list", cmd_token_list, "list runs as JSON lines (never tokens)")
+
+    run = leaf(words, "run", cmd_run, "run a command in a sandbox that can reach nothing but egressd")
+    run.add_argument("--policy", required=True, type=_policy_ref, metavar="NAME[@VERSION]")
+    run.add_argument("--secret", action="append", default=[], metavar="NAME=@FILE|NAME=-")
+    run.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="default 300")
+    run.add_argument("--memory", default="512M", metavar="SIZE", help="default 512M")
+    run.add_argument("--pids", type=int, default=256, metavar="N", help="default 256")
+    run.add_argument("--ro", action="append", default=[], metavar="PATH", help="bind PATH read-only")
+    run.add_argument("--rw", action="append", default=[], metavar="PATH", help="bind PATH read-write")
+    run.add_argument("--workdir", metavar="PATH", help=f"default {HOME}")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    run.add_argument("--require-seccomp", action="store_true", help="fail when no seccomp filter can be built")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     return parser
 
 

@@ -54,6 +54,7 @@ class ControlServer:
             "list": self._list,
             "reload": self._reload,
             "explain": self._explain,
+            "egress": self._egress,
         }
 
     async def start(self) -> None:
@@ -116,6 +117,9 @@ class ControlServer:
 
     async def _revoke(self, request: dict[str, object]) -> object:
         return self.service.revoke(_text(request, "run_id"))
+
+    async def _egress(self, request: dict[str, object]) -> object:
+        return self.service.run_egress(_text(request, "run_id"))
 
     async def _list(self, request: dict[str, object]) -> object:
         return self.service.list_runs()

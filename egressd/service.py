@@ -13,6 +13,7 @@ from egressd.config import Config
 from egressd.credentials import token_from_header
 from egressd.decision import RequestFacts, Target, decide_addresses, decide_request, decide_target
 from egressd.dns import DnsFailure, Resolver
+from egressd.egress_tally import EgressTally
 from egressd.injection import RunSecrets
 from egressd.metrics import Metrics
 from egressd.policy import Policy
@@ -60,7 +61,8 @@ class Service:
             audit_file.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
             audit_path = str(audit_file)
         self.metrics = Metrics()
-        self.audit = AuditLog(audit_path, self.metrics.observe_decision, self.metrics.audit_write_errors.inc)
+        self.egress = EgressTally()
+        self.audit = AuditLog(audit_path, self._observe, self.metrics.audit_write_errors.inc)
         self.allow_cidrs = config.upstream.allowed_networks
         self.own_endpoints = [(ipaddress.ip_address(host), port) for host, port in config.proxy.addresses]
         self.tunnels = Tunnels()
@@ -69,6 +71,12 @@ class Service:
         self.metrics.runs_active.set(self.runs.count_active(time.time()))
         self.metrics.track(self.metrics.tunnels_active, lambda: len(self.tunnels))
         self.metrics.track(self.metrics.policies_loaded, lambda: len(self.policies.current))
+
+    def _observe(self, event: str, decision: str, reason: str | None, subject: Subject,
+                 extra: dict[str, object]) -> None:
+        """Every audited decision is counted twice: in the metrics, and in the run's own egress tally."""
+        self.metrics.observe_decision(event, decision, reason, subject, extra)
+        self.egress.observe(event, decision, reason, subject)
 
     @property
     def state_dir(self) -> Path:
@@ -171,6 +179,11 @@ class Service:
             self.end_run("revoke", run)
         return run.summary(time.time())
 
+    def run_egress(self, run_id: str) -> dict[str, object]:
+        if self.runs.get(run_id) is None:
+            raise RequestError(f"no run {run_id}")
+        return self.egress.summary(run_id)
+
     def list_runs(self) -> list[dict[str, object]]:
         now = time.time()
         return [run.summary(now) for run in self.runs.all()]
@@ -219,6 +232,7 @@ class Service:
         self.record_run_event(what, run)
         self.secrets.drop_run(run.run_id)
         self._injected.pop(run.run_id, None)
+        self.egress.forget(run.run_id)
 
     def run_secrets(self, run: Run, policy: Policy) -> RunSecrets:
         placeholders = self.runs.placeholders(run.run_id)
