@@ -142,6 +142,9 @@ def test_timeout(daemon: Egressd, secret_file: Path) -> None:
     assert done.returncode == 124 and summary["exit_status"] == 124 and summary["limit"] == "timeout"
     assert 1.5 < summary["wall_seconds"] < 30
     assert_sandbox_gone("sleep 60")
+    leftovers = [path for hierarchy in ("memory", "pids", "unified")
+                 for path in Path(f"/sys/fs/cgroup/{hierarchy}").rglob(f"egressd-{summary['run_id'][4:]}")]
+    assert leftovers == []  # the run's child cgroups are removed
 
 
 def test_memory_limit(daemon: Egressd, secret_file: Path) -> None:
