@@ -65,6 +65,18 @@ class ProxyConfig(_Section):
 
 class ControlConfig(_Section):
     socket: str = "var/control.sock"
+    mode: str = "0600"  # "0660" lets the daemon's group (admins) mint tokens; never wider
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        if value not in ("0600", "0660"):
+            raise ValueError("must be '0600' (the daemon's user only) or '0660' (and its group)")
+        return value
+
+    @property
+    def permissions(self) -> int:
+        return int(self.mode, 8)
 
 
 class MetricsConfig(_Section):
@@ -184,11 +196,29 @@ def _error_text(source: str, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_config(text: str, source: str, base_dir: Path) -> Config:
+def _toml(text: str, source: str) -> dict[str, object]:
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{source}: not valid TOML: {err}") from None
+
+
+def _merge(base: dict[str, object], over: dict[str, object]) -> dict[str, object]:
+    """Tables merge key by key; any other value (a list too) replaces the one below it."""
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        merged[key] = _merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return merged
+
+
+def parse_config(text: str, source: str, base_dir: Path, drop_ins: list[tuple[str, str]] = ()) -> Config:
+    """A config from its text and any drop-ins' (source, text), merged over it in order."""
+    data = _toml(text, source)
+    for drop_in_source, drop_in_text in drop_ins:
+        data = _merge(data, _toml(drop_in_text, drop_in_source))
+    if drop_ins:
+        source = f"{source} (with {', '.join(name for name, _ in drop_ins)})"
     try:
         config = Config.model_validate(data)
     except ValidationError as err:
@@ -198,11 +228,18 @@ def parse_config(text: str, source: str, base_dir: Path) -> Config:
 
 
 def load_config(path: Path | None) -> Config:
-    """The config from `path`; without one, the defaults relative to the working directory."""
+    """The config from `path` with the drop-ins of `<its dir>/conf.d/*.toml` merged over it in name order
+    (so admins and tests never edit the file itself); without a path, the defaults relative to the working
+    directory."""
     if path is None:
         return Config()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
-    return parse_config(text, str(path), path.resolve().parent)
+    drop_in_dir = path.resolve().parent / "conf.d"
+    files = [path, *sorted(drop_in_dir.glob("*.toml"))] if drop_in_dir.is_dir() else [path]
+    texts = []
+    for file in files:
+        try:
+            texts.append((str(file), file.read_text(encoding="utf-8")))
+        except OSError as err:
+            raise ConfigError(f"{file}: cannot read config: {err.strerror}") from None
+    (source, text), *drop_ins = texts
+    return parse_config(text, source, path.resolve().parent, drop_ins)

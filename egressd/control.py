@@ -44,9 +44,10 @@ def _optional_number(request: dict[str, object], key: str) -> float | None:
 
 
 class ControlServer:
-    def __init__(self, service: Service, path: Path) -> None:
+    def __init__(self, service: Service, path: Path, mode: int = 0o600) -> None:
         self.service = service
         self.path = path
+        self.mode = mode
         self._server: asyncio.Server | None = None
         self._ops: dict[str, Callable[[dict[str, object]], Awaitable[object]]] = {
             "mint": self._mint,
@@ -66,7 +67,7 @@ class ControlServer:
             self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
         finally:
             os.umask(old_umask)
-        self.path.chmod(0o600)
+        self.path.chmod(self.mode)
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -105,7 +105,7 @@ async def serve(config: Config) -> int:
             await endpoint.start()
         except OSError as err:
             raise StartupError(f"metrics.listen {config.metrics.listen}: {err.strerror}") from None
-    control = ControlServer(service, config.path(config.control.socket))
+    control = ControlServer(service, config.path(config.control.socket), config.control.permissions)
     await control.start()
     loop = asyncio.get_running_loop()
 

@@ -122,7 +122,7 @@ def test_equal_ttl_bounds_are_fine() -> None:
         ("colour = 1", "colour"),
         ("[logging]\nlevel = 'debug'", "logging"),
         ("[proxy]\nport = 3128", "proxy.port"),
-        ("[control]\nmode = 384", "control.mode"),
+        ("[control]\nowner = 'root'", "control.owner"),
         ("[paths]\nlogs = 'x'", "paths.logs"),
         ("[dns]\nserver = ['1.1.1.1']", "dns.server"),
         ("[upstream]\nallow_cidr = []", "upstream.allow_cidr"),
@@ -318,3 +318,37 @@ def test_config_is_immutable() -> None:
 )
 def test_parse_hostport(value: str, default: int | None, expected: tuple[str, int]) -> None:
     assert parse_hostport(value, default) == expected
+
+
+# --- drop-ins and the control socket's mode ---------------------------------------------------------------
+
+def test_drop_ins_merge_over_the_file_in_name_order(tmp_path: Path) -> None:
+    main = tmp_path / "egressd.toml"
+    main.write_text('[proxy]\nlisten = ["127.0.0.1:3128"]\n[dns]\ntimeout = 3.0\nmin_ttl = 1\n')
+    drop_ins = tmp_path / "conf.d"
+    drop_ins.mkdir()
+    (drop_ins / "20-late.toml").write_text('[dns]\ntimeout = 5.0\n')
+    (drop_ins / "10-early.toml").write_text('[dns]\ntimeout = 4.0\n[upstream]\nallow_cidrs = ["127.0.0.8/29"]\n')
+    (drop_ins / "ignored.conf").write_text("not toml at all")
+    config = load_config(main)
+    assert config.dns.timeout == 5.0 and config.dns.min_ttl == 1
+    assert config.upstream.allow_cidrs == ["127.0.0.8/29"]
+    assert config.proxy.listen == ["127.0.0.1:3128"]
+
+
+def test_a_bad_drop_in_is_named(tmp_path: Path) -> None:
+    (tmp_path / "egressd.toml").write_text("")
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "50-bad.toml").write_text("[dns]\nbogus = 1\n")
+    with pytest.raises(ConfigError, match=r"50-bad\.toml.*dns\.bogus: unknown key"):
+        load_config(tmp_path / "egressd.toml")
+
+
+@pytest.mark.parametrize(("mode", "ok"), [("0600", True), ("0660", True), ("0666", False), ("600", False)])
+def test_control_socket_mode(mode: str, ok: bool) -> None:
+    text = f'[control]\nmode = "{mode}"\n'
+    if ok:
+        assert parse_config(text, "c.toml", Path("/")).control.permissions == int(mode, 8)
+    else:
+        with pytest.raises(ConfigError, match=r"control\.mode"):
+            parse_config(text, "c.toml", Path("/"))
