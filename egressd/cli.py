@@ -14,9 +14,18 @@ from egressd.control import ControlError, call
 from egressd.policy import PolicyError, parse_policy
 from egressd.sandbox import HOME
 
+# Where the Debian package puts the config: used when no --config is given and it exists.
+INSTALLED_CONFIG = Path("/etc/egressd/egressd.toml")
+
+
+def _config_file(args: argparse.Namespace) -> Path | None:
+    if args.config:
+        return Path(args.config)
+    return INSTALLED_CONFIG if INSTALLED_CONFIG.exists() else None
+
 
 def _config(args: argparse.Namespace) -> Config:
-    return load_config(Path(args.config) if args.config else None)
+    return load_config(_config_file(args))
 
 
 def _control(args: argparse.Namespace, request: dict[str, object]) -> object:
@@ -159,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                              workdir=args.workdir or HOME, require_seccomp=args.require_seccomp)
         if not 0 < request.timeout <= 7 * 24 * 3600 or request.pids < 1:
             raise LaunchError("--timeout must be 1 s to 7 days and --pids at least 1")
-        outcome = launch(_config(args), Path(args.config) if args.config else None, request)
+        outcome = launch(_config(args), _config_file(args), request)
     except LaunchError as err:
         raise CliError(str(err)) from None
     print_outcome(outcome, args.json)
@@ -173,7 +182,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def leaf(parent: argparse._SubParsersAction, name: str, handler, help_text: str) -> argparse.ArgumentParser:
         sub = parent.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--config", metavar="FILE", help="config file (TOML); default: built-in defaults")
+        sub.add_argument("--config", metavar="FILE",
+                         help=f"config file (TOML); default: {INSTALLED_CONFIG} if it exists, else built-in defaults")
         sub.set_defaults(handler=handler)
         return sub
 
