@@ -4,7 +4,6 @@ import base64
 import contextlib
 import json
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 20.0
@@ -103,12 +104,7 @@ allow_cidrs = ["127.0.0.8/29"]
     def stop(self) -> None:
         if self.process is None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        stop_process(self.process)
         self.process = None
 
     def alive(self) -> bool:

@@ -27,6 +27,8 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from tests.support.processes import stop_process
+
 REPO = Path(__file__).resolve().parents[2]
 RULES_FILE = REPO / "packaging" / "prometheus" / "egressd-rules.yml"
 RULES_TEST_FILE = REPO / "packaging" / "prometheus" / "egressd-rules.test.yml"
@@ -149,12 +151,7 @@ class Prometheus:
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+            stop_process(self.process)
             self.process = None
         if self._tmp is not None:
             self._tmp.cleanup()

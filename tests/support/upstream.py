@@ -136,7 +136,24 @@ class _BadRequest(Exception):
     pass
 
 
-class HttpsUpstream:
+class _Bound:
+    """A server listening on ``ip``:``port`` (the port known once it is started)."""
+
+    ip: str
+    _port: int | None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return self._port
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.ip, self.port)
+
+
+class HttpsUpstream(_Bound):
     """An HTTPS server on ``ip``:``port`` with a leaf certificate from ``ca`` for ``hostnames``."""
 
     def __init__(
@@ -227,16 +244,6 @@ class HttpsUpstream:
         self.stop()
 
     # ------------------------------------------------------------------------------------ inspection
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("HttpsUpstream is not started")
-        return self._port
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return (self.ip, self.port)
-
     def url(self, path: str = "/", host: str | None = None) -> str:
         """``https://<host or first hostname>[:port]<path>``."""
         host = host or self.hostnames[0]
@@ -710,7 +717,7 @@ def _reason(status: int) -> str:
         return "Unknown"
 
 
-class TcpOnly:
+class TcpOnly(_Bound):
     """A TCP listener on ``ip``:``port`` that accepts and closes at once (TLS to it fails)."""
 
     def __init__(self, ip: str = "127.0.0.11", port: int = 443) -> None:
@@ -749,16 +756,6 @@ class TcpOnly:
 
     def stop(self) -> None:
         self._lt.stop(self._shutdown)
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("TcpOnly is not started")
-        return self._port
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return (self.ip, self.port)
 
     @property
     def accepts(self) -> int:
