@@ -5,7 +5,6 @@ import ipaddress
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from egressd.audit import AuditLog, Subject
@@ -47,7 +46,7 @@ class TargetCheck:
 class Service:
     def __init__(self, config: Config) -> None:
         self.config = config
-        state = config.path(config.paths.state)
+        self.state_dir = state = config.path(config.paths.state)
         state.mkdir(parents=True, exist_ok=True, mode=0o700)
         database = state / "egressd.db"
         self.runs = RunStore(database)
@@ -77,10 +76,6 @@ class Service:
         """Every audited decision is counted twice: in the metrics, and in the run's own egress tally."""
         self.metrics.observe_decision(event, decision, reason, subject, extra)
         self.egress.observe(event, decision, reason, subject)
-
-    @property
-    def state_dir(self) -> Path:
-        return self.config.path(self.config.paths.state)
 
     def close(self) -> None:
         self.runs.close()

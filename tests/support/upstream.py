@@ -46,7 +46,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -141,6 +141,9 @@ class _Bound:
 
     ip: str
     _port: int | None
+    _server: asyncio.Server | None
+    _lt: LoopThread
+    _shutdown: Callable[[], Awaitable[None]]  # each server's own
 
     @property
     def port(self) -> int:
@@ -151,6 +154,15 @@ class _Bound:
     @property
     def address(self) -> tuple[str, int]:
         return (self.ip, self.port)
+
+    def _bind(self, bind: Callable[[], Awaitable[asyncio.Server]]) -> None:
+        """Binds on the server's loop thread; a failure stops that thread again."""
+        try:
+            self._server = self._lt.run(bind())
+        except BaseException:
+            self._lt.stop(self._shutdown)
+            raise
+        self._port = self._server.sockets[0].getsockname()[1]
 
 
 class HttpsUpstream(_Bound):
@@ -214,12 +226,7 @@ class HttpsUpstream(_Bound):
                 backlog=128,
             )
 
-        try:
-            self._server = self._lt.run(bind())
-        except BaseException:
-            self._lt.stop(self._shutdown)
-            raise
-        self._port = self._server.sockets[0].getsockname()[1]
+        self._bind(bind)
         return self
 
     def stop(self) -> None:
@@ -742,12 +749,7 @@ class TcpOnly(_Bound):
                 self._handle, host=self.ip, port=self._requested_port, reuse_address=True
             )
 
-        try:
-            self._server = self._lt.run(bind())
-        except BaseException:
-            self._lt.stop(self._shutdown)
-            raise
-        self._port = self._server.sockets[0].getsockname()[1]
+        self._bind(bind)
         return self
 
     async def _shutdown(self) -> None:
